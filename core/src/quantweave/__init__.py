@@ -1,0 +1,51 @@
+"""quantweave: PT2E quantization on public torch, with composable quantizer plugins."""
+
+from .annotation import (
+    DerivedQuantizationSpec,
+    EdgeOrNode,
+    FixedQParamsQuantizationSpec,
+    QuantizationAnnotation,
+    QuantizationConfig,
+    QuantizationSpec,
+    QuantizationSpecBase,
+    SharedQuantizationSpec,
+    annotate_input_qspec_map,
+    annotate_output_qspec,
+    get_bias_qspec,
+    get_input_act_qspec,
+    get_output_act_qspec,
+    get_weight_qspec,
+    is_annotated,
+)
+from .convert import convert_pt2e
+from .errors import AnnotationError, ConvertError, ObserverNotCalibratedError, SharingError
+from .prepare import prepare_pt2e, prepare_qat_pt2e
+from .quantizer import Quantizer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AnnotationError",
+    "ConvertError",
+    "DerivedQuantizationSpec",
+    "EdgeOrNode",
+    "FixedQParamsQuantizationSpec",
+    "ObserverNotCalibratedError",
+    "QuantizationAnnotation",
+    "QuantizationConfig",
+    "QuantizationSpec",
+    "QuantizationSpecBase",
+    "Quantizer",
+    "SharedQuantizationSpec",
+    "SharingError",
+    "annotate_input_qspec_map",
+    "annotate_output_qspec",
+    "convert_pt2e",
+    "get_bias_qspec",
+    "get_input_act_qspec",
+    "get_output_act_qspec",
+    "get_weight_qspec",
+    "is_annotated",
+    "prepare_pt2e",
+    "prepare_qat_pt2e",
+]

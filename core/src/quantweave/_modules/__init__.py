@@ -1,0 +1,1 @@
+"""Private helpers of quantweave. Nothing here is public API."""

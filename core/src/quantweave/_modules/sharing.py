@@ -1,0 +1,284 @@
+"""From annotations to observer instances: which edges/nodes share one observer.
+
+Steps (all independent of graph order):
+
+1. collect every (edge or node) -> spec from the annotations, validating references;
+2. union-find over explicit sharing (:class:`SharedQuantizationSpec`); a group with no
+   concrete spec is a cycle and is reported with its members;
+3. implicit sharing: an input edge joins the producer's output group and the groups of the
+   producer's other consumer edges when their concrete specs agree on dtype, range, qscheme,
+   ch_axis, scale and zero point (opt out per node with ``allow_implicit_sharing=False``);
+4. one observer per group, built from the group's first concrete spec in graph order;
+   derived specs are built after the groups they derive from (cycles reported).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.fx import Graph, Node
+
+from ..annotation import (
+    ANNOTATION_KEY,
+    DerivedQuantizationSpec,
+    EdgeOrNode,
+    FixedQParamsQuantizationSpec,
+    QuantizationAnnotation,
+    QuantizationSpec,
+    QuantizationSpecBase,
+    SharedQuantizationSpec,
+)
+from ..errors import AnnotationError, SharingError
+from ..observers import DerivedObserver, FixedQParamsFakeQuantize, FixedQParamsObserver
+
+_PER_CHANNEL = (
+    torch.per_channel_affine,
+    torch.per_channel_symmetric,
+    torch.per_channel_affine_float_qparams,
+)
+_SHARING_ATTRS = (
+    "dtype",
+    "is_dynamic",
+    "quant_min",
+    "quant_max",
+    "qscheme",
+    "ch_axis",
+    "scale",
+    "zero_point",
+)
+_MISSING = object()
+
+
+def describe(key: EdgeOrNode) -> str:
+    """Human name of an edge or node, for error messages."""
+    if isinstance(key, Node):
+        return f"output of {key.name!r}"
+    if isinstance(key, tuple) and len(key) == 2:
+        producer, consumer = key
+        return f"edge {getattr(producer, 'name', producer)!r} -> {getattr(consumer, 'name', consumer)!r}"
+    return repr(key)
+
+
+def collect_specs(graph: Graph) -> dict[EdgeOrNode, QuantizationSpecBase]:
+    """Every annotated edge/node and its spec, in graph order; None specs are skipped."""
+    specs: dict[EdgeOrNode, QuantizationSpecBase] = {}
+    for node in graph.nodes:
+        annotation = node.meta.get(ANNOTATION_KEY)
+        if annotation is None:
+            continue
+        if not isinstance(annotation, QuantizationAnnotation):
+            raise AnnotationError(
+                f"node {node.name!r}: meta[{ANNOTATION_KEY!r}] must be a "
+                f"QuantizationAnnotation; got {type(annotation).__name__}"
+            )
+        inputs = node.all_input_nodes
+        for producer, spec in annotation.input_qspec_map.items():
+            if not isinstance(producer, Node) or producer not in inputs:
+                raise AnnotationError(
+                    f"node {node.name!r}: input_qspec_map names "
+                    f"{getattr(producer, 'name', producer)!r}, which is not one of its inputs "
+                    f"{[n.name for n in inputs]} (was it annotated on another graph?)"
+                )
+            if spec is not None:
+                _check_spec_type(spec, f"edge {producer.name!r} -> {node.name!r}")
+                specs[(producer, node)] = spec
+        if annotation.output_qspec is not None:
+            _check_spec_type(annotation.output_qspec, f"output of {node.name!r}")
+            specs[node] = annotation.output_qspec
+    for key, spec in specs.items():
+        for target in _references(spec):
+            if target not in specs:
+                kind = type(spec).__name__
+                raise SharingError(
+                    f"{describe(key)}: {kind} refers to {describe(target)}, which has no "
+                    "quantization spec (not annotated, annotated with None, or not an edge "
+                    "of this graph)"
+                )
+    return specs
+
+
+def _check_spec_type(spec: object, where: str) -> None:
+    if not isinstance(spec, QuantizationSpecBase):
+        raise AnnotationError(
+            f"{where}: expected a QuantizationSpecBase (QuantizationSpec, "
+            f"SharedQuantizationSpec, ...); got {type(spec).__name__}"
+        )
+
+
+def _references(spec: QuantizationSpecBase) -> list[EdgeOrNode]:
+    if isinstance(spec, SharedQuantizationSpec):
+        return [spec.edge_or_node]
+    if isinstance(spec, DerivedQuantizationSpec):
+        return list(spec.derived_from)
+    return []
+
+
+class _Groups:
+    """Union-find over edges/nodes; each root remembers its first concrete spec (graph order)."""
+
+    def __init__(self, specs: dict[EdgeOrNode, QuantizationSpecBase]) -> None:
+        self.specs = specs
+        self.order = {k: i for i, k in enumerate(specs)}
+        self.parent: dict[EdgeOrNode, EdgeOrNode] = {k: k for k in specs}
+        self.first_concrete: dict[EdgeOrNode, EdgeOrNode] = {
+            k: k for k, spec in specs.items() if not isinstance(spec, SharedQuantizationSpec)
+        }
+
+    def find(self, key: EdgeOrNode) -> EdgeOrNode:
+        root = key
+        while self.parent[root] != root:
+            root = self.parent[root]
+        while self.parent[key] != root:  # path compression
+            self.parent[key], key = root, self.parent[key]
+        return root
+
+    def union(self, a: EdgeOrNode, b: EdgeOrNode) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra == rb:
+            return
+        self.parent[rb] = ra
+        candidates = [self.first_concrete[r] for r in (ra, rb) if r in self.first_concrete]
+        self.first_concrete.pop(rb, None)
+        if candidates:
+            self.first_concrete[ra] = min(candidates, key=self.order.__getitem__)
+
+    def concrete(self, key: EdgeOrNode) -> QuantizationSpecBase | None:
+        first = self.first_concrete.get(self.find(key))
+        return None if first is None else self.specs[first]
+
+
+def _same_attrs(a: QuantizationSpecBase, b: QuantizationSpecBase) -> bool:
+    return all(getattr(a, name, _MISSING) == getattr(b, name, _MISSING) for name in _SHARING_ATTRS)
+
+
+def group_specs(
+    specs: dict[EdgeOrNode, QuantizationSpecBase],
+) -> tuple[dict[EdgeOrNode, EdgeOrNode], dict[EdgeOrNode, QuantizationSpecBase]]:
+    """Map each key to its group root, and each root to the group's concrete spec."""
+    groups = _Groups(specs)
+    for key, spec in specs.items():
+        if isinstance(spec, SharedQuantizationSpec):
+            groups.union(spec.edge_or_node, key)
+    for key in specs:
+        if groups.concrete(key) is None:
+            root = groups.find(key)
+            members = [k for k in specs if groups.find(k) == root]
+            raise SharingError(
+                "cyclic SharedQuantizationSpec: "
+                + ", ".join(describe(k) for k in members)
+                + " share only with each other, so no member has a concrete spec to take "
+                "qparams from"
+            )
+
+    # Implicit sharing: an input edge, the producer's output and the producer's other
+    # consumer edges are the same tensor; merge their groups when the specs agree.
+    for key in specs:
+        if not isinstance(key, tuple):
+            continue
+        producer, consumer = key
+        if not consumer.meta[ANNOTATION_KEY].allow_implicit_sharing:
+            continue
+        candidates: list[EdgeOrNode] = [(producer, u) for u in producer.users if u is not consumer]
+        candidates.append(producer)
+        for other in candidates:
+            if other not in specs:
+                continue
+            mine, theirs = groups.concrete(key), groups.concrete(other)
+            assert mine is not None and theirs is not None
+            if _same_attrs(theirs, mine):
+                groups.union(other, key)
+
+    roots = {key: groups.find(key) for key in specs}
+    concrete = {root: specs[first] for root, first in groups.first_concrete.items()}
+    return roots, concrete
+
+
+def build_observers(
+    specs: dict[EdgeOrNode, QuantizationSpecBase], is_qat: bool
+) -> dict[EdgeOrNode, torch.nn.Module]:
+    """One observer (or fake-quantize) per sharing group, mapped from every member."""
+    roots, concrete = group_specs(specs)
+    by_root: dict[EdgeOrNode, torch.nn.Module] = {}
+    building: list[EdgeOrNode] = []
+
+    def observer_for(root: EdgeOrNode) -> torch.nn.Module:
+        if root in by_root:
+            return by_root[root]
+        if root in building:
+            cycle = [*building[building.index(root) :], root]
+            raise SharingError(
+                "cyclic DerivedQuantizationSpec: "
+                + " -> ".join(describe(k) for k in cycle)
+                + " derive their qparams from each other"
+            )
+        building.append(root)
+        spec = concrete[root]
+        try:
+            if isinstance(spec, DerivedQuantizationSpec):
+                sources = [observer_for(roots[k]) for k in spec.derived_from]
+                observer = _derived_observer(spec, sources)
+            else:
+                observer = _make_observer(spec, is_qat)
+        except SharingError:
+            raise
+        except Exception as exc:
+            raise AnnotationError(
+                f"{describe(root)}: could not build an observer for {spec!r}: {exc}"
+            ) from exc
+        building.pop()
+        by_root[root] = observer
+        return observer
+
+    return {key: observer_for(roots[key]) for key in specs}
+
+
+def _full_range(dtype: torch.dtype) -> tuple[int, int]:
+    info = torch.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
+def _derived_observer(spec: DerivedQuantizationSpec, sources: list[torch.nn.Module]) -> torch.nn.Module:
+    lo, hi = _full_range(spec.dtype)
+    return DerivedObserver(
+        sources,
+        spec.derive_qparams_fn,
+        dtype=spec.dtype,
+        quant_min=lo if spec.quant_min is None else spec.quant_min,
+        quant_max=hi if spec.quant_max is None else spec.quant_max,
+        qscheme=spec.qscheme if spec.qscheme is not None else torch.per_tensor_affine,
+        ch_axis=spec.ch_axis,
+    )
+
+
+def _make_observer(spec: QuantizationSpecBase, is_qat: bool) -> torch.nn.Module:
+    if isinstance(spec, FixedQParamsQuantizationSpec):
+        lo, hi = _full_range(spec.dtype)
+        ctr: Callable[..., Any] = FixedQParamsObserver.with_args(
+            scale=spec.scale,
+            zero_point=spec.zero_point,
+            dtype=spec.dtype,
+            qscheme=spec.qscheme if spec.qscheme is not None else torch.per_tensor_affine,
+            quant_min=lo if spec.quant_min is None else spec.quant_min,
+            quant_max=hi if spec.quant_max is None else spec.quant_max,
+        )
+        if is_qat:
+            return FixedQParamsFakeQuantize(observer=ctr)
+        return ctr()
+    assert isinstance(spec, QuantizationSpec)
+    kwargs: dict[str, Any] = {
+        "dtype": spec.dtype,
+        "quant_min": spec.quant_min,
+        "quant_max": spec.quant_max,
+        "qscheme": spec.qscheme,
+        "is_dynamic": spec.is_dynamic,
+    }
+    if spec.qscheme in _PER_CHANNEL:
+        kwargs["ch_axis"] = spec.ch_axis
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    ctr = spec.observer_or_fake_quant_ctr
+    if hasattr(ctr, "with_args"):
+        return ctr.with_args(**kwargs)()
+    return functools.partial(ctr, **kwargs)()

@@ -1,0 +1,323 @@
+"""The PT2E annotation API: how a quantizer says *what* to quantize and *how*.
+
+A quantizer walks the exported graph and stores a :class:`QuantizationAnnotation`
+in ``node.meta["quantization_annotation"]``. The annotation maps each input edge
+``(producer, node)`` and the node's output to a *spec*:
+
+* :class:`QuantizationSpec` -- observe the tensor and derive qparams from the data;
+* :class:`FixedQParamsQuantizationSpec` -- qparams are known up front (sigmoid, softmax);
+* :class:`SharedQuantizationSpec` -- use the same observer (and qparams) as another edge/node;
+* :class:`DerivedQuantizationSpec` -- qparams computed from other observers (e.g. int32 bias).
+
+Names and semantics follow the PyTorch PT2E tutorials, so quantizers written for
+``torch.ao.quantization.quantizer`` / ``torchao.quantization.pt2e.quantizer`` port by
+changing import paths only. Every spec validates itself on construction and raises
+:class:`ValueError` with what was expected and what was got.
+"""
+
+from __future__ import annotations
+
+from abc import ABC
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+__all__ = [
+    "ANNOTATION_KEY",
+    "EdgeOrNode",
+    "QuantizationSpecBase",
+    "QuantizationSpec",
+    "FixedQParamsQuantizationSpec",
+    "SharedQuantizationSpec",
+    "DerivedQuantizationSpec",
+    "QuantizationAnnotation",
+    "QuantizationConfig",
+    "get_input_act_qspec",
+    "get_output_act_qspec",
+    "get_weight_qspec",
+    "get_bias_qspec",
+    "annotate_input_qspec_map",
+    "annotate_output_qspec",
+    "is_annotated",
+]
+
+#: ``node.meta`` key holding a node's :class:`QuantizationAnnotation` (same key as PT2E).
+ANNOTATION_KEY = "quantization_annotation"
+
+#: An input edge ``(producer, consumer)`` or a node (meaning: that node's output).
+EdgeOrNode = tuple[Node, Node] | Node
+
+_INTEGER_DTYPES: dict[torch.dtype, tuple[int, int]] = {
+    torch.uint8: (0, 255),
+    torch.int8: (-128, 127),
+    torch.uint16: (0, 65535),
+    torch.int16: (-32768, 32767),
+    torch.int32: (-(2**31), 2**31 - 1),
+}
+_PER_TENSOR = (torch.per_tensor_affine, torch.per_tensor_symmetric)
+_PER_CHANNEL = (
+    torch.per_channel_affine,
+    torch.per_channel_symmetric,
+    torch.per_channel_affine_float_qparams,
+)
+
+
+def _dtype_names() -> str:
+    return ", ".join(str(d) for d in _INTEGER_DTYPES)
+
+
+def _check_range(kind: str, dtype: Any, quant_min: int | None, quant_max: int | None) -> None:
+    if dtype not in _INTEGER_DTYPES:
+        raise ValueError(f"{kind}: dtype must be one of {_dtype_names()}; got {dtype!r}")
+    lo, hi = _INTEGER_DTYPES[dtype]
+    for name, value in (("quant_min", quant_min), ("quant_max", quant_max)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{kind}: {name} must be an int or None; got {value!r}")
+        if not lo <= value <= hi:
+            raise ValueError(f"{kind}: {name}={value} is outside the range of {dtype} [{lo}, {hi}]")
+    if quant_min is not None and quant_max is not None and quant_min > quant_max:
+        raise ValueError(
+            f"{kind}: expected quant_min <= quant_max; got quant_min={quant_min}, quant_max={quant_max}"
+        )
+
+
+def _check_qscheme(kind: str, qscheme: Any, ch_axis: int | None) -> None:
+    if qscheme is None:
+        return
+    if qscheme not in _PER_TENSOR + _PER_CHANNEL:
+        names = ", ".join(str(q) for q in _PER_TENSOR + _PER_CHANNEL)
+        raise ValueError(f"{kind}: qscheme must be one of {names}; got {qscheme!r}")
+    if qscheme in _PER_CHANNEL and ch_axis is None:
+        raise ValueError(f"{kind}: qscheme {qscheme} is per-channel and needs ch_axis; got None")
+
+
+def _check_edge_or_node(kind: str, value: Any) -> None:
+    if isinstance(value, Node):
+        return
+    if isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, Node) for v in value):
+        return
+    raise ValueError(
+        f"{kind}: expected a torch.fx.Node or an input edge (producer Node, consumer Node); got {value!r}"
+    )
+
+
+class QuantizationSpecBase(ABC):  # noqa: B024 - a marker base, as in PT2E
+    """Base of all specs. Subclasses are frozen dataclasses (hashable, comparable)."""
+
+
+@dataclass(eq=True, frozen=True)
+class QuantizationSpec(QuantizationSpecBase):
+    """Observe a tensor and quantize it with qparams calculated from what was observed.
+
+    ``observer_or_fake_quant_ctr`` is an observer (PTQ) or fake-quantize (QAT) class or
+    ``.with_args(...)`` partial; the other fields are passed to it on construction.
+    ``quant_min``/``quant_max`` default to the full range of ``dtype``.
+    """
+
+    dtype: torch.dtype
+    observer_or_fake_quant_ctr: Callable[..., Any]
+    quant_min: int | None = None
+    quant_max: int | None = None
+    qscheme: torch.qscheme | None = None
+    ch_axis: int | None = None
+    is_dynamic: bool = False
+
+    def __post_init__(self) -> None:
+        kind = "QuantizationSpec"
+        _check_range(kind, self.dtype, self.quant_min, self.quant_max)
+        _check_qscheme(kind, self.qscheme, self.ch_axis)
+        if not callable(self.observer_or_fake_quant_ctr):
+            raise ValueError(
+                f"{kind}: observer_or_fake_quant_ctr must be callable (an observer class or "
+                f"its .with_args(...)); got {self.observer_or_fake_quant_ctr!r}"
+            )
+        if self.is_dynamic and self.qscheme in _PER_CHANNEL:
+            raise ValueError(
+                f"{kind}: dynamic quantization supports per-tensor qschemes only; got qscheme={self.qscheme}"
+            )
+
+
+@dataclass(eq=True, frozen=True)
+class FixedQParamsQuantizationSpec(QuantizationSpecBase):
+    """Quantize with a known ``scale`` and ``zero_point`` (e.g. sigmoid: 1/256, 0)."""
+
+    dtype: torch.dtype
+    scale: float
+    zero_point: int
+    quant_min: int | None = None
+    quant_max: int | None = None
+    qscheme: torch.qscheme | None = None
+    is_dynamic: bool = False
+
+    def __post_init__(self) -> None:
+        kind = "FixedQParamsQuantizationSpec"
+        _check_range(kind, self.dtype, self.quant_min, self.quant_max)
+        _check_qscheme(kind, self.qscheme, None)
+        if self.qscheme in _PER_CHANNEL:
+            raise ValueError(f"{kind}: qscheme must be per-tensor; got {self.qscheme}")
+        if not isinstance(self.scale, (int, float)) or not self.scale > 0:
+            raise ValueError(f"{kind}: scale must be a positive number; got {self.scale!r}")
+        lo, hi = _INTEGER_DTYPES[self.dtype]
+        lo = lo if self.quant_min is None else self.quant_min
+        hi = hi if self.quant_max is None else self.quant_max
+        if isinstance(self.zero_point, bool) or not isinstance(self.zero_point, int):
+            raise ValueError(f"{kind}: zero_point must be an int; got {self.zero_point!r}")
+        if not lo <= self.zero_point <= hi:
+            raise ValueError(
+                f"{kind}: zero_point={self.zero_point} is outside [quant_min, quant_max] = [{lo}, {hi}]"
+            )
+        if self.is_dynamic:
+            raise ValueError(f"{kind}: fixed qparams cannot be dynamic; got is_dynamic=True")
+
+
+@dataclass(eq=True, frozen=True)
+class SharedQuantizationSpec(QuantizationSpecBase):
+    """Share the observer (and so the qparams) of another input edge or node output."""
+
+    edge_or_node: EdgeOrNode
+
+    def __post_init__(self) -> None:
+        _check_edge_or_node("SharedQuantizationSpec", self.edge_or_node)
+
+
+@dataclass(eq=True, frozen=True)
+class DerivedQuantizationSpec(QuantizationSpecBase):
+    """qparams computed by ``derive_qparams_fn(observers) -> (scale, zero_point)``.
+
+    ``observers`` are the observers of the edges/nodes in ``derived_from``, in order.
+    The classic use: an int32 bias with ``scale = act_scale * weight_scale``.
+    """
+
+    derived_from: list[EdgeOrNode]
+    derive_qparams_fn: Callable[[list[Any]], tuple[torch.Tensor, torch.Tensor]]
+    dtype: torch.dtype
+    quant_min: int | None = None
+    quant_max: int | None = None
+    qscheme: torch.qscheme | None = None
+    ch_axis: int | None = None
+    is_dynamic: bool = False
+
+    def __hash__(self) -> int:  # derived_from is a list; hash by identity of its members
+        return hash((tuple(self.derived_from), self.derive_qparams_fn, self.dtype))
+
+    def __post_init__(self) -> None:
+        kind = "DerivedQuantizationSpec"
+        if not isinstance(self.derived_from, Sequence) or not self.derived_from:
+            raise ValueError(
+                f"{kind}: derived_from must be a non-empty list of edges/nodes; got {self.derived_from!r}"
+            )
+        for item in self.derived_from:
+            _check_edge_or_node(kind, item)
+        if not callable(self.derive_qparams_fn):
+            raise ValueError(f"{kind}: derive_qparams_fn must be callable; got {self.derive_qparams_fn!r}")
+        _check_range(kind, self.dtype, self.quant_min, self.quant_max)
+        _check_qscheme(kind, self.qscheme, self.ch_axis)
+        if self.is_dynamic:
+            raise ValueError(f"{kind}: derived qparams cannot be dynamic; got is_dynamic=True")
+
+
+@dataclass
+class QuantizationAnnotation:
+    """How one node is quantized: a spec per input edge, a spec for the output.
+
+    ``allow_implicit_sharing``: when True (default) an input edge whose spec equals the
+    producer's output spec (or another consumer's edge spec) shares its observer.
+    ``_annotated`` marks nodes a quantizer has claimed, so later quantizers skip them.
+    """
+
+    input_qspec_map: dict[Node, QuantizationSpecBase | None] = field(default_factory=dict)
+    output_qspec: QuantizationSpecBase | None = None
+    allow_implicit_sharing: bool = True
+    _annotated: bool = False
+
+
+@dataclass(eq=True, frozen=True)
+class QuantizationConfig:
+    """The four specs a quantizer usually applies to a weighted op."""
+
+    input_activation: QuantizationSpec | None
+    output_activation: QuantizationSpec | None
+    weight: QuantizationSpec | None
+    bias: QuantizationSpecBase | None
+    is_qat: bool = False
+
+
+def get_input_act_qspec(config: QuantizationConfig | None) -> QuantizationSpec | None:
+    """The input-activation spec of ``config`` (None when config is None)."""
+    if config is None or config.input_activation is None:
+        return None
+    spec = config.input_activation
+    if spec.qscheme not in (None, *_PER_TENSOR):
+        raise ValueError(f"input activation spec must be per-tensor; got qscheme={spec.qscheme}")
+    return spec
+
+
+def get_output_act_qspec(config: QuantizationConfig | None) -> QuantizationSpec | None:
+    """The output-activation spec of ``config`` (None when config is None)."""
+    if config is None or config.output_activation is None:
+        return None
+    spec = config.output_activation
+    if spec.qscheme not in (None, *_PER_TENSOR):
+        raise ValueError(f"output activation spec must be per-tensor; got qscheme={spec.qscheme}")
+    return spec
+
+
+def get_weight_qspec(config: QuantizationConfig | None) -> QuantizationSpec | None:
+    """The weight spec of ``config`` (None when config is None)."""
+    if config is None or config.weight is None:
+        return None
+    spec = config.weight
+    if spec.qscheme not in (None, *_PER_TENSOR, *_PER_CHANNEL):
+        raise ValueError(f"weight spec has an unsupported qscheme: {spec.qscheme}")
+    return spec
+
+
+def get_bias_qspec(config: QuantizationConfig | None) -> QuantizationSpecBase | None:
+    """The bias spec of ``config`` (None when config is None)."""
+    if config is None:
+        return None
+    return config.bias
+
+
+def _annotation_of(node: Node) -> QuantizationAnnotation:
+    annotation = node.meta.get(ANNOTATION_KEY)
+    if annotation is None:
+        annotation = QuantizationAnnotation()
+        node.meta[ANNOTATION_KEY] = annotation
+    elif not isinstance(annotation, QuantizationAnnotation):
+        raise TypeError(
+            f"node {node.name!r}: meta[{ANNOTATION_KEY!r}] must be a QuantizationAnnotation; "
+            f"got {type(annotation).__name__}"
+        )
+    return annotation
+
+
+def annotate_input_qspec_map(node: Node, input_node: Node, qspec: QuantizationSpecBase | None) -> None:
+    """Set the spec of input edge ``(input_node, node)``, creating the annotation if needed."""
+    if input_node not in node.all_input_nodes:
+        raise ValueError(
+            f"node {node.name!r}: {input_node.name!r} is not one of its inputs "
+            f"({[n.name for n in node.all_input_nodes]})"
+        )
+    _annotation_of(node).input_qspec_map[input_node] = qspec
+
+
+def annotate_output_qspec(node: Node, qspec: QuantizationSpecBase | None) -> None:
+    """Set the output spec of ``node``, creating the annotation if needed."""
+    _annotation_of(node).output_qspec = qspec
+
+
+def is_annotated(nodes: Node | Sequence[Node]) -> bool:
+    """True if any of ``nodes`` was already claimed by a quantizer (``_annotated``)."""
+    if isinstance(nodes, Node):
+        nodes = [nodes]
+    for node in nodes:
+        annotation = node.meta.get(ANNOTATION_KEY)
+        if annotation is not None and getattr(annotation, "_annotated", False):
+            return True
+    return False

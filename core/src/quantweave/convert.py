@@ -1,0 +1,231 @@
+"""``convert_pt2e``: turn a calibrated model's observers into quantize/dequantize ops.
+
+The result is the *reference* representation that backends pattern-match:
+``torch.ops.quantized_decomposed.quantize_per_tensor`` / ``dequantize_per_tensor`` (and the
+``per_channel`` and dynamic ``.tensor`` variants). Constant inputs (weights, biases, and any
+transform of them) are quantized here, once, so the converted model stores int8 weights
+followed by a ``dequantize`` node. Every user of a dequantized tensor gets its own
+``dequantize`` node, so each consumer can be fused independently.
+
+Contract: the prepared model is not mutated; the same calibrated model can be converted
+again (e.g. with ``fold_quantize=False``).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.ao.quantization.fx._decomposed
+from torch.fx import GraphModule, Node
+
+from ._modules.graph import (
+    check_graph_module,
+    copy_graph_module,
+    evaluate_constant,
+    is_constant,
+    new_attr_name,
+    port_meta,
+    rebuild,
+)
+from .errors import ConvertError, ObserverNotCalibratedError
+from .observers import is_calibrated, is_observer_module
+
+__all__ = ["convert_pt2e", "QUANTIZE_OPS", "DEQUANTIZE_OPS"]
+
+_qd = torch.ops.quantized_decomposed
+
+QUANTIZE_OPS = (
+    _qd.quantize_per_tensor.default,
+    _qd.quantize_per_tensor.tensor,
+    _qd.quantize_per_channel.default,
+)
+DEQUANTIZE_OPS = (
+    _qd.dequantize_per_tensor.default,
+    _qd.dequantize_per_tensor.tensor,
+    _qd.dequantize_per_channel.default,
+)
+
+_UNDERLYING_DTYPE = {
+    torch.quint8: torch.uint8,
+    torch.qint8: torch.int8,
+    torch.qint32: torch.int32,
+}
+_INTEGER_DTYPES = (torch.uint8, torch.int8, torch.uint16, torch.int16, torch.int32)
+_PER_CHANNEL = (
+    torch.per_channel_affine,
+    torch.per_channel_symmetric,
+    torch.per_channel_affine_float_qparams,
+)
+_CHOOSE_QPARAMS = {
+    torch.per_tensor_affine: _qd.choose_qparams.tensor,
+    torch.per_tensor_symmetric: _qd.choose_qparams_symmetric.tensor,
+}
+
+
+def convert_pt2e(model: GraphModule, fold_quantize: bool = True) -> GraphModule:
+    """Replace observers with quantize/dequantize ops and return a new module.
+
+    ``fold_quantize=True`` stores constant inputs (weights) already quantized.
+    Raises :class:`ObserverNotCalibratedError` naming every observer that saw no data.
+    """
+    check_graph_module(model, "convert_pt2e")
+    if not isinstance(fold_quantize, bool):
+        raise TypeError(f"convert_pt2e: fold_quantize must be a bool; got {fold_quantize!r}")
+    gm, _ = copy_graph_module(model)
+    observer_nodes = [
+        n
+        for n in gm.graph.nodes
+        if n.op == "call_module" and is_observer_module(gm.get_submodule(str(n.target)))
+    ]
+    _check_calibrated(gm, observer_nodes)
+    constant_cache: dict[Node, bool] = {}
+    constant_values: dict[Node, Any] = {}
+    folded_inputs: list[Node] = []
+    for node in observer_nodes:
+        module = gm.get_submodule(str(node.target))
+        source = node.args[0]
+        assert isinstance(source, Node)
+        fold = fold_quantize and is_constant(source, constant_cache)
+        _replace_observer(gm, node, module, fold, constant_values)
+        if fold:
+            folded_inputs.append(source)
+    _remove_dead_constants(gm, folded_inputs)
+    _one_dequantize_per_user(gm)
+    converted = rebuild(gm)
+    converted.meta.pop("_quantweave_is_qat", None)
+    return converted
+
+
+def _check_calibrated(gm: GraphModule, observer_nodes: list[Node]) -> None:
+    missing: dict[str, list[str]] = {}
+    for node in observer_nodes:
+        if not is_calibrated(gm.get_submodule(str(node.target))):
+            source = node.args[0]
+            missing.setdefault(str(node.target), []).append(getattr(source, "name", str(source)))
+    if missing:
+        listing = "; ".join(
+            f"{name} (observes {', '.join(repr(s) for s in sources)})" for name, sources in missing.items()
+        )
+        raise ObserverNotCalibratedError(
+            f"convert_pt2e: {len(missing)} observer(s) never saw data: {listing}. "
+            "Run calibration inputs through the prepared model before converting."
+        )
+
+
+def _qparams(module: torch.nn.Module, name: str) -> tuple[Any, ...]:
+    dtype = getattr(module, "dtype", None)
+    dtype = _UNDERLYING_DTYPE.get(dtype, dtype)
+    qscheme = getattr(module, "qscheme", torch.per_tensor_affine)
+    quant_min = getattr(module, "quant_min", None)
+    quant_max = getattr(module, "quant_max", None)
+    if quant_min is None or quant_max is None:
+        info = torch.iinfo(dtype)
+        quant_min = info.min if quant_min is None else quant_min
+        quant_max = info.max if quant_max is None else quant_max
+    return dtype, qscheme, int(quant_min), int(quant_max)
+
+
+def _replace_observer(
+    gm: GraphModule,
+    node: Node,
+    module: torch.nn.Module,
+    fold: bool,
+    constant_values: dict[Node, Any],
+) -> None:
+    graph = gm.graph
+    source = node.args[0]
+    assert isinstance(source, Node)
+    name = str(node.target)
+    dtype, qscheme, quant_min, quant_max = _qparams(module, name)
+    if dtype not in _INTEGER_DTYPES:
+        # float "observers" (e.g. a float PlaceholderObserver) mean: leave the tensor as is
+        node.replace_all_uses_with(source)
+        graph.erase_node(node)
+        return
+    dq_kwargs: dict[str, Any] = {}
+    val = source.meta.get("val")
+    if isinstance(val, torch.Tensor) and val.dtype != torch.float32:
+        dq_kwargs["out_dtype"] = val.dtype
+
+    if getattr(module, "is_dynamic", False):
+        if qscheme not in _CHOOSE_QPARAMS:
+            raise ConvertError(
+                f"{name} (observes {source.name!r}): dynamic quantization needs a per-tensor "
+                f"qscheme; got {qscheme}"
+            )
+        eps = getattr(module, "eps", None)
+        eps = float(torch.finfo(torch.float32).eps) if eps is None else float(eps)
+        with graph.inserting_before(node):
+            choose = graph.call_function(_CHOOSE_QPARAMS[qscheme], (source, quant_min, quant_max, eps, dtype))
+            scale = graph.call_function(operator.getitem, (choose, 0))
+            zero_point = graph.call_function(operator.getitem, (choose, 1))
+            q_args = (scale, zero_point, quant_min, quant_max, dtype)
+            quant = graph.call_function(_qd.quantize_per_tensor.tensor, (source, *q_args))
+            dequant = graph.call_function(_qd.dequantize_per_tensor.tensor, (quant, *q_args), dq_kwargs)
+        for new in (choose, scale, zero_point, quant, dequant):
+            port_meta(source, new)
+        dequant.meta["val"] = val
+        node.replace_all_uses_with(dequant)
+        graph.erase_node(node)
+        return
+
+    scale_t, zero_point_t = module.calculate_qparams()  # type: ignore[operator]
+    if qscheme in _PER_CHANNEL:
+        axis = int(module.ch_axis)  # type: ignore[arg-type]
+        scale_name = new_attr_name(gm, f"{name}_scale_")
+        zp_name = new_attr_name(gm, f"{name}_zero_point_")
+        gm.register_buffer(scale_name, torch.as_tensor(scale_t).detach().clone())
+        gm.register_buffer(zp_name, torch.as_tensor(zero_point_t).detach().clone())
+        with graph.inserting_before(node):
+            scale_node = graph.get_attr(scale_name)
+            zp_node = graph.get_attr(zp_name)
+        q_args: tuple[Any, ...] = (scale_node, zp_node, axis, quant_min, quant_max, dtype)
+        q_op, dq_op = _qd.quantize_per_channel.default, _qd.dequantize_per_channel.default
+    else:
+        q_args = (float(scale_t), int(zero_point_t), quant_min, quant_max, dtype)
+        q_op, dq_op = _qd.quantize_per_tensor.default, _qd.dequantize_per_tensor.default
+
+    with graph.inserting_before(node):
+        if fold:
+            values = torch.fx.node.map_arg(q_args, lambda n: evaluate_constant(gm, n, constant_values))
+            with torch.no_grad():
+                qvalue = q_op(evaluate_constant(gm, source, constant_values), *values)
+            q_name = new_attr_name(gm, "_frozen_param")
+            gm.register_buffer(q_name, qvalue)
+            quant = graph.get_attr(q_name)
+        else:
+            quant = graph.call_function(q_op, (source, *q_args))
+        dequant = graph.call_function(dq_op, (quant, *q_args), dq_kwargs)
+    for new in (quant, dequant):
+        port_meta(source, new)
+    dequant.meta["val"] = val
+    node.replace_all_uses_with(dequant)
+    graph.erase_node(node)
+
+
+def _remove_dead_constants(gm: GraphModule, roots: list[Node]) -> None:
+    """Erase float weight chains that folding left without users."""
+    pending = list(roots)
+    while pending:
+        node = pending.pop()
+        if node.users or node not in gm.graph.nodes:
+            continue
+        if node.op not in ("get_attr", "call_function"):
+            continue
+        inputs = node.all_input_nodes
+        gm.graph.erase_node(node)
+        pending.extend(inputs)
+
+
+def _one_dequantize_per_user(gm: GraphModule) -> None:
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in DEQUANTIZE_OPS:
+            continue
+        users = list(node.users)
+        for user in users[1:]:
+            with graph.inserting_after(node):
+                copy = graph.node_copy(node)
+            user.replace_input_with(node, copy)

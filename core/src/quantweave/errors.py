@@ -1,0 +1,27 @@
+"""Exceptions raised by quantweave. Each subclasses a built-in so callers can catch broadly."""
+
+from __future__ import annotations
+
+__all__ = [
+    "AnnotationError",
+    "SharingError",
+    "ObserverNotCalibratedError",
+    "ConvertError",
+]
+
+
+class AnnotationError(ValueError):
+    """An annotation is malformed: it names an edge that is not in the graph, a spec of a
+    wrong type, or a spec whose observer cannot be built."""
+
+
+class SharingError(AnnotationError):
+    """Shared or derived specs that cannot be resolved: dangling, cyclic, or unresolvable."""
+
+
+class ObserverNotCalibratedError(RuntimeError):
+    """``convert_pt2e`` met observers that never saw data (calibration was skipped)."""
+
+
+class ConvertError(RuntimeError):
+    """``convert_pt2e`` cannot turn an observer into quantize/dequantize ops."""

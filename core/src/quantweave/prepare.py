@@ -1,0 +1,183 @@
+"""``prepare_pt2e``: annotate an exported model and insert observers.
+
+Contract: the caller's module is never mutated. ``prepare_pt2e`` works on a copy of the
+graph whose parameters and buffers are *shared* with the caller's module (no weight memory
+is duplicated); batch-norm folding writes new attributes on the copy only, and annotations
+are written on the copy's nodes only.
+
+Flow: copy → fold eval-mode BN into conv/linear → ``quantizer.transform_for_annotation`` →
+``quantizer.annotate`` → ``quantizer.validate`` → observer plan (sharing groups, fixed,
+derived) → ``quantizer.prepare_obs_or_fq_callback`` → observers inserted as
+``call_module`` nodes named ``activation_post_process_<i>``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.fx import GraphModule, Node
+
+from ._modules.bn_fold import fold_batch_norm
+from ._modules.graph import check_graph_module, copy_graph_module, iter_input_nodes, rebuild
+from ._modules.sharing import build_observers, collect_specs
+from .annotation import (
+    ANNOTATION_KEY,
+    DerivedQuantizationSpec,
+    EdgeOrNode,
+    QuantizationAnnotation,
+    SharedQuantizationSpec,
+)
+from .errors import AnnotationError
+
+if TYPE_CHECKING:
+    from .quantizer import Quantizer
+
+__all__ = ["prepare_pt2e", "prepare_qat_pt2e", "OBSERVER_PREFIX"]
+
+#: Name prefix of the observer submodules that prepare inserts.
+OBSERVER_PREFIX = "activation_post_process_"
+
+
+def prepare_pt2e(model: GraphModule, quantizer: Quantizer) -> GraphModule:
+    """Annotate ``model`` with ``quantizer`` and return a copy with observers inserted.
+
+    ``model`` is the output of ``torch.export.export(m, args).module()``. Run calibration
+    data through the result, then call :func:`quantweave.convert_pt2e`. ``model`` itself
+    is left as it was (graph, attributes and node metadata).
+    """
+    return _prepare(model, quantizer, is_qat=False)
+
+
+def prepare_qat_pt2e(model: GraphModule, quantizer: Quantizer) -> GraphModule:
+    """Like :func:`prepare_pt2e` but inserts fake-quantize modules for QAT.
+
+    The quantizer's specs must use fake-quantize constructors
+    (``observers.FakeQuantize.with_args(...)``); fixed-qparams specs become
+    ``FixedQParamsFakeQuantize``. Batch norm is *not* folded, so it keeps training.
+    """
+    return _prepare(model, quantizer, is_qat=True)
+
+
+def _prepare(model: GraphModule, quantizer: Quantizer, is_qat: bool) -> GraphModule:
+    api = "prepare_qat_pt2e" if is_qat else "prepare_pt2e"
+    check_graph_module(model, api)
+    gm, node_map = copy_graph_module(model)
+    _remap_existing_annotations(gm, node_map)
+    if not is_qat:
+        fold_batch_norm(gm)
+    transformed = quantizer.transform_for_annotation(gm)
+    if not isinstance(transformed, GraphModule):
+        raise TypeError(
+            f"{type(quantizer).__name__}.transform_for_annotation must return a GraphModule; "
+            f"got {type(transformed).__name__}"
+        )
+    gm = transformed
+    quantizer.annotate(gm)
+    quantizer.validate(gm)
+    specs = collect_specs(gm.graph)
+    observers = build_observers(specs, is_qat=is_qat)
+    quantizer.prepare_obs_or_fq_callback(gm, observers)
+    _insert_observers(gm, observers)
+    prepared = rebuild(gm)
+    prepared.meta["_quantweave_is_qat"] = is_qat
+    return prepared
+
+
+def _remap_spec(spec: Any, node_map: dict[Node, Node]) -> Any:
+    def key(k: EdgeOrNode) -> EdgeOrNode:
+        if isinstance(k, Node):
+            return node_map.get(k, k)
+        return (node_map.get(k[0], k[0]), node_map.get(k[1], k[1]))
+
+    if isinstance(spec, SharedQuantizationSpec):
+        return SharedQuantizationSpec(key(spec.edge_or_node))
+    if isinstance(spec, DerivedQuantizationSpec):
+        return DerivedQuantizationSpec(
+            derived_from=[key(k) for k in spec.derived_from],
+            derive_qparams_fn=spec.derive_qparams_fn,
+            dtype=spec.dtype,
+            quant_min=spec.quant_min,
+            quant_max=spec.quant_max,
+            qscheme=spec.qscheme,
+            ch_axis=spec.ch_axis,
+            is_dynamic=spec.is_dynamic,
+        )
+    return spec
+
+
+def _remap_existing_annotations(gm: GraphModule, node_map: dict[Node, Node]) -> None:
+    """Annotations made on the caller's graph before prepare refer to the caller's nodes;
+    give the copy its own annotation objects that refer to the copy's nodes."""
+    for node in gm.graph.nodes:
+        annotation = node.meta.get(ANNOTATION_KEY)
+        if not isinstance(annotation, QuantizationAnnotation):
+            continue
+        node.meta[ANNOTATION_KEY] = QuantizationAnnotation(
+            input_qspec_map={
+                node_map.get(k, k): _remap_spec(v, node_map) for k, v in annotation.input_qspec_map.items()
+            },
+            output_qspec=_remap_spec(annotation.output_qspec, node_map),
+            allow_implicit_sharing=annotation.allow_implicit_sharing,
+            _annotated=annotation._annotated,
+        )
+
+
+def _is_tensor_output(node: Node) -> bool:
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor)
+
+
+def _insert_observers(gm: GraphModule, observers: dict[EdgeOrNode, torch.nn.Module]) -> None:
+    graph = gm.graph
+    names: dict[int, str] = {}
+    # (tensor node, observer id) -> observer node already reading that tensor
+    existing: dict[tuple[Node, int], Node] = {}
+
+    def observer_node(after: Node, observer: torch.nn.Module) -> Node:
+        cached = existing.get((after, id(observer)))
+        if cached is not None:
+            return cached
+        name = names.get(id(observer))
+        if name is None:
+            name = f"{OBSERVER_PREFIX}{len(names)}"
+            names[id(observer)] = name
+            gm.add_submodule(name, observer)
+        with graph.inserting_after(after):
+            node = graph.call_module(name, (after,))
+        node.meta["val"] = after.meta.get("val")
+        node.meta["quantweave_observes"] = after.name
+        existing[(after, id(observer))] = node
+        return node
+
+    # output observer node -> (the producer it observes, the observer module)
+    observed_output: dict[Node, tuple[Node, torch.nn.Module]] = {}
+    for node in list(graph.nodes):
+        if not isinstance(node.meta.get(ANNOTATION_KEY), QuantizationAnnotation):
+            continue
+        replacements: dict[Node, Node] = {}
+        for current in dict.fromkeys(iter_input_nodes((node.args, node.kwargs))):
+            # once a producer's output is observed, its users read the observer node
+            producer, current_observer = observed_output.get(current, (current, None))
+            observer = observers.get((producer, node))
+            if observer is None or observer is current_observer:
+                continue  # not annotated, or the edge shares the producer's output observer
+            replacements[current] = observer_node(current, observer)
+        if replacements:
+            node.args, node.kwargs = _substitute((node.args, node.kwargs), replacements)
+        observer = observers.get(node)
+        if observer is not None:
+            if not _is_tensor_output(node):
+                raise AnnotationError(
+                    f"node {node.name!r}: an output spec needs a single tensor output; "
+                    f"its output is {type(node.meta.get('val')).__name__}"
+                )
+            obs_node = observer_node(node, observer)
+            for user in list(node.users):
+                if user is not obs_node:
+                    user.replace_input_with(node, obs_node)
+            observed_output[obs_node] = (node, observer)
+
+
+def _substitute(args: Any, replacements: dict[Node, Node]) -> Any:
+    return torch.fx.node.map_arg(args, lambda n: replacements.get(n, n))

@@ -1,0 +1,1 @@
+"""Test helpers for quantweave users and plugin authors: reference models and quantizer."""

@@ -1,0 +1,198 @@
+"""Reference models built in-project (torchvision cannot be installed beside torch 2.13).
+
+Every factory is deterministic (``seed``), returns a model in eval mode and matching
+example inputs via :func:`example_inputs`. Shapes are small by default so tests stay fast;
+benchmarks pass larger sizes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+__all__ = [
+    "BasicBlock",
+    "EncoderBlock",
+    "MobileNetLike",
+    "ResNetLike",
+    "SmallLM",
+    "calibration_batches",
+    "example_inputs",
+    "resnet18_like",
+]
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU()
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.down: nn.Module | None = None
+        if stride != 1 or cin != cout:
+            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.down is None else self.down(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + identity)
+
+
+class ResNetLike(nn.Module):
+    """ResNet-18 topology (``blocks=(2, 2, 2, 2)``, ``width=64``) or smaller variants.
+
+    ``depth_multiplier`` repeats each stage's blocks, for graph-size scaling benchmarks.
+    """
+
+    def __init__(
+        self,
+        blocks: tuple[int, ...] = (2, 2, 2, 2),
+        width: int = 64,
+        num_classes: int = 1000,
+        depth_multiplier: int = 1,
+    ) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, width, 7, 2, 3, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),
+            nn.MaxPool2d(3, 2, 1),
+        )
+        layers: list[nn.Module] = []
+        cin = width
+        for i, n in enumerate(blocks):
+            cout = width * 2**i
+            for j in range(n * depth_multiplier):
+                layers.append(BasicBlock(cin, cout, 2 if (j == 0 and i > 0) else 1))
+                cin = cout
+        self.layers = nn.Sequential(*layers)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(cin, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.layers(self.stem(x))
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+def resnet18_like(seed: int = 0, **kwargs: object) -> ResNetLike:
+    torch.manual_seed(seed)
+    model = ResNetLike(**kwargs)  # type: ignore[arg-type]
+    _randomize_bn(model)
+    return model.eval()
+
+
+class MobileNetLike(nn.Module):
+    """Depthwise-separable blocks with hardswish and a squeeze-excite sigmoid gate."""
+
+    def __init__(self, width: int = 16, num_classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, width, 3, 2, 1, bias=False), nn.BatchNorm2d(width), nn.Hardswish()
+        )
+        self.dw = nn.Sequential(
+            nn.Conv2d(width, width, 3, 1, 1, groups=width, bias=False), nn.BatchNorm2d(width), nn.ReLU()
+        )
+        self.se_reduce = nn.Conv2d(width, width // 4, 1)
+        self.se_expand = nn.Conv2d(width // 4, width, 1)
+        self.pw = nn.Sequential(
+            nn.Conv2d(width, 2 * width, 1, bias=False), nn.BatchNorm2d(2 * width), nn.ReLU()
+        )
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(2 * width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.dw(self.stem(x))
+        gate = torch.sigmoid(self.se_expand(torch.relu(self.se_reduce(self.pool(x)))))
+        x = self.pw(x * gate)
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+class EncoderBlock(nn.Module):
+    """A pre-norm transformer encoder block written with explicit matmuls."""
+
+    def __init__(self, d_model: int = 64, heads: int = 4, ff: int = 256) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.ff1 = nn.Linear(d_model, ff)
+        self.ff2 = nn.Linear(ff, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        h = self.heads
+        q, k, v = self.qkv(self.norm1(x)).split(d, dim=-1)
+        q = q.reshape(b, s, h, d // h).transpose(1, 2)
+        k = k.reshape(b, s, h, d // h).transpose(1, 2)
+        v = v.reshape(b, s, h, d // h).transpose(1, 2)
+        attn = torch.softmax(torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(d // h), dim=-1)
+        y = torch.matmul(attn, v).transpose(1, 2).reshape(b, s, d)
+        x = x + self.proj(y)
+        return x + self.ff2(torch.nn.functional.gelu(self.ff1(self.norm2(x))))
+
+
+def encoder_block(seed: int = 0, **kwargs: int) -> EncoderBlock:
+    torch.manual_seed(seed)
+    return EncoderBlock(**kwargs).eval()
+
+
+class SmallLM(nn.Module):
+    """Token embedding, a stack of encoder blocks, and a linear LM head."""
+
+    def __init__(self, vocab: int = 256, d_model: int = 64, layers: int = 2, heads: int = 4) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_model)
+        self.blocks = nn.Sequential(*[EncoderBlock(d_model, heads, 4 * d_model) for _ in range(layers)])
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.blocks(self.embed(tokens))))
+
+
+def _randomize_bn(model: nn.Module) -> None:
+    """Give BN layers non-trivial statistics, as a trained model has."""
+    gen = torch.Generator().manual_seed(1234)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            n = m.num_features
+            m.running_mean.copy_(torch.randn(n, generator=gen) * 0.1)
+            m.running_var.copy_(torch.rand(n, generator=gen) * 0.5 + 0.75)
+            with torch.no_grad():
+                m.weight.copy_(torch.rand(n, generator=gen) * 0.5 + 0.75)
+                m.bias.copy_(torch.randn(n, generator=gen) * 0.1)
+
+
+def example_inputs(
+    model: nn.Module, batch: int = 1, image: int = 32, seq: int = 16
+) -> tuple[torch.Tensor, ...]:
+    """Example inputs of the right kind for each reference model."""
+    gen = torch.Generator().manual_seed(7)
+    if isinstance(model, SmallLM):
+        return (torch.randint(0, model.embed.num_embeddings, (batch, seq), generator=gen),)
+    if isinstance(model, EncoderBlock):
+        return (torch.randn(batch, seq, model.qkv.in_features, generator=gen),)
+    return (torch.randn(batch, 3, image, image, generator=gen),)
+
+
+def calibration_batches(
+    model: nn.Module, count: int, batch: int = 1, image: int = 32, seq: int = 16
+) -> list[tuple[torch.Tensor, ...]]:
+    """``count`` deterministic calibration batches for ``model``."""
+    gen = torch.Generator().manual_seed(99)
+    out: list[tuple[torch.Tensor, ...]] = []
+    for _ in range(count):
+        if isinstance(model, SmallLM):
+            out.append((torch.randint(0, model.embed.num_embeddings, (batch, seq), generator=gen),))
+        elif isinstance(model, EncoderBlock):
+            out.append((torch.randn(batch, seq, model.qkv.in_features, generator=gen),))
+        else:
+            out.append((torch.randn(batch, 3, image, image, generator=gen),))
+    return out
