@@ -33,7 +33,7 @@ def observers_of(prepared):
 
 @pytest.mark.parametrize("name", sorted(FLOWS))
 def test_tutorial_flow_quantizes_and_stays_close_to_float(name):
-    model, inputs, prepared, converted = run_flow(name)
+    model, inputs, _prepared, converted = run_flow(name)
     assert count_ops(converted, DEQUANTIZE_OPS) > 0
     assert sqnr(model(*inputs), converted(*inputs)) > 25
 
@@ -65,7 +65,7 @@ def test_sigmoid_output_uses_fixed_qparams():
 
 
 def test_conv_bias_is_int32_with_derived_scale():
-    _, _, prepared, converted = run_flow("conv_derived_bias")
+    _, _, _prepared, converted = run_flow("conv_derived_bias")
     summary = qdq_summary(converted)
     act_scale = summary[("conv2d", "x")][0]
     weight = summary[("conv2d", "<constant arg 1>")]

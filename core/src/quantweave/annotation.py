@@ -81,9 +81,7 @@ def _check_range(kind: str, dtype: Any, quant_min: int | None, quant_max: int | 
         if not lo <= value <= hi:
             raise ValueError(f"{kind}: {name}={value} is outside the range of {dtype} [{lo}, {hi}]")
     if quant_min is not None and quant_max is not None and quant_min > quant_max:
-        raise ValueError(
-            f"{kind}: expected quant_min <= quant_max; got quant_min={quant_min}, quant_max={quant_max}"
-        )
+        raise ValueError(f"{kind}: expected quant_min <= quant_max; got quant_min={quant_min}, quant_max={quant_max}")
 
 
 def _check_qscheme(kind: str, qscheme: Any, ch_axis: int | None) -> None:
@@ -101,9 +99,7 @@ def _check_edge_or_node(kind: str, value: Any) -> None:
         return
     if isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, Node) for v in value):
         return
-    raise ValueError(
-        f"{kind}: expected a torch.fx.Node or an input edge (producer Node, consumer Node); got {value!r}"
-    )
+    raise ValueError(f"{kind}: expected a torch.fx.Node or an input edge (producer Node, consumer Node); got {value!r}")
 
 
 class QuantizationSpecBase(ABC):  # noqa: B024 - a marker base, as in PT2E
@@ -168,9 +164,7 @@ class FixedQParamsQuantizationSpec(QuantizationSpecBase):
         if isinstance(self.zero_point, bool) or not isinstance(self.zero_point, int):
             raise ValueError(f"{kind}: zero_point must be an int; got {self.zero_point!r}")
         if not lo <= self.zero_point <= hi:
-            raise ValueError(
-                f"{kind}: zero_point={self.zero_point} is outside [quant_min, quant_max] = [{lo}, {hi}]"
-            )
+            raise ValueError(f"{kind}: zero_point={self.zero_point} is outside [quant_min, quant_max] = [{lo}, {hi}]")
         if self.is_dynamic:
             raise ValueError(f"{kind}: fixed qparams cannot be dynamic; got is_dynamic=True")
 
@@ -208,9 +202,7 @@ class DerivedQuantizationSpec(QuantizationSpecBase):
     def __post_init__(self) -> None:
         kind = "DerivedQuantizationSpec"
         if not isinstance(self.derived_from, Sequence) or not self.derived_from:
-            raise ValueError(
-                f"{kind}: derived_from must be a non-empty list of edges/nodes; got {self.derived_from!r}"
-            )
+            raise ValueError(f"{kind}: derived_from must be a non-empty list of edges/nodes; got {self.derived_from!r}")
         for item in self.derived_from:
             _check_edge_or_node(kind, item)
         if not callable(self.derive_qparams_fn):

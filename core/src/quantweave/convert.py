@@ -13,6 +13,7 @@ again (e.g. with ``fold_quantize=False``).
 
 from __future__ import annotations
 
+import copy
 import operator
 from typing import Any
 
@@ -28,6 +29,7 @@ from ._modules.graph import (
     new_attr_name,
     port_meta,
     rebuild,
+    set_attr_value,
 )
 from .errors import ConvertError, ObserverNotCalibratedError
 from .observers import is_calibrated, is_observer_module
@@ -75,13 +77,12 @@ def convert_pt2e(model: GraphModule, fold_quantize: bool = True) -> GraphModule:
         raise TypeError(f"convert_pt2e: fold_quantize must be a bool; got {fold_quantize!r}")
     gm, _ = copy_graph_module(model)
     observer_nodes = [
-        n
-        for n in gm.graph.nodes
-        if n.op == "call_module" and is_observer_module(gm.get_submodule(str(n.target)))
+        n for n in gm.graph.nodes if n.op == "call_module" and is_observer_module(gm.get_submodule(str(n.target)))
     ]
-    _check_calibrated(gm, observer_nodes)
     constant_cache: dict[Node, bool] = {}
     constant_values: dict[Node, Any] = {}
+    _observe_constants(gm, observer_nodes, constant_cache, constant_values)
+    _check_calibrated(gm, observer_nodes)
     folded_inputs: list[Node] = []
     for node in observer_nodes:
         module = gm.get_submodule(str(node.target))
@@ -96,6 +97,34 @@ def convert_pt2e(model: GraphModule, fold_quantize: bool = True) -> GraphModule:
     converted = rebuild(gm)
     converted.meta.pop("_quantweave_is_qat", None)
     return converted
+
+
+def _observe_constants(
+    gm: GraphModule,
+    observer_nodes: list[Node],
+    constant_cache: dict[Node, bool],
+    constant_values: dict[Node, Any],
+) -> None:
+    """Weights need no calibration data: observers of constants that saw nothing observe
+    the constant now. They are copies, so the prepared model's observers stay as they were
+    (copied together, so derived observers keep pointing at their sources)."""
+    pending = [
+        n
+        for n in observer_nodes
+        if is_constant(n.args[0], constant_cache)  # type: ignore[arg-type]
+        and not is_calibrated(gm.get_submodule(str(n.target)))
+    ]
+    if not pending:
+        return
+    names = sorted({str(n.target) for n in observer_nodes})
+    copies = copy.deepcopy({name: gm.get_submodule(name) for name in names})
+    for name, module in copies.items():
+        set_attr_value(gm, name, module)
+    with torch.no_grad():
+        for node in pending:
+            source = node.args[0]
+            assert isinstance(source, Node)
+            copies[str(node.target)](evaluate_constant(gm, source, constant_values))
 
 
 def _check_calibrated(gm: GraphModule, observer_nodes: list[Node]) -> None:
@@ -115,12 +144,14 @@ def _check_calibrated(gm: GraphModule, observer_nodes: list[Node]) -> None:
 
 
 def _qparams(module: torch.nn.Module, name: str) -> tuple[Any, ...]:
-    dtype = getattr(module, "dtype", None)
+    dtype: Any = getattr(module, "dtype", None)
     dtype = _UNDERLYING_DTYPE.get(dtype, dtype)
     qscheme = getattr(module, "qscheme", torch.per_tensor_affine)
     quant_min = getattr(module, "quant_min", None)
     quant_max = getattr(module, "quant_max", None)
     if quant_min is None or quant_max is None:
+        if dtype not in _INTEGER_DTYPES:
+            return dtype, qscheme, 0, 0
         info = torch.iinfo(dtype)
         quant_min = info.min if quant_min is None else quant_min
         quant_max = info.max if quant_max is None else quant_max
@@ -152,8 +183,7 @@ def _replace_observer(
     if getattr(module, "is_dynamic", False):
         if qscheme not in _CHOOSE_QPARAMS:
             raise ConvertError(
-                f"{name} (observes {source.name!r}): dynamic quantization needs a per-tensor "
-                f"qscheme; got {qscheme}"
+                f"{name} (observes {source.name!r}): dynamic quantization needs a per-tensor qscheme; got {qscheme}"
             )
         eps = getattr(module, "eps", None)
         eps = float(torch.finfo(torch.float32).eps) if eps is None else float(eps)
@@ -161,9 +191,9 @@ def _replace_observer(
             choose = graph.call_function(_CHOOSE_QPARAMS[qscheme], (source, quant_min, quant_max, eps, dtype))
             scale = graph.call_function(operator.getitem, (choose, 0))
             zero_point = graph.call_function(operator.getitem, (choose, 1))
-            q_args = (scale, zero_point, quant_min, quant_max, dtype)
-            quant = graph.call_function(_qd.quantize_per_tensor.tensor, (source, *q_args))
-            dequant = graph.call_function(_qd.dequantize_per_tensor.tensor, (quant, *q_args), dq_kwargs)
+            dyn_args = (scale, zero_point, quant_min, quant_max, dtype)
+            quant = graph.call_function(_qd.quantize_per_tensor.tensor, (source, *dyn_args))
+            dequant = graph.call_function(_qd.dequantize_per_tensor.tensor, (quant, *dyn_args), dq_kwargs)
         for new in (choose, scale, zero_point, quant, dequant):
             port_meta(source, new)
         dequant.meta["val"] = val
@@ -171,6 +201,7 @@ def _replace_observer(
         graph.erase_node(node)
         return
 
+    q_args: tuple[Any, ...]
     scale_t, zero_point_t = module.calculate_qparams()  # type: ignore[operator]
     if qscheme in _PER_CHANNEL:
         axis = int(module.ch_axis)  # type: ignore[arg-type]
@@ -181,7 +212,7 @@ def _replace_observer(
         with graph.inserting_before(node):
             scale_node = graph.get_attr(scale_name)
             zp_node = graph.get_attr(zp_name)
-        q_args: tuple[Any, ...] = (scale_node, zp_node, axis, quant_min, quant_max, dtype)
+        q_args = (scale_node, zp_node, axis, quant_min, quant_max, dtype)
         q_op, dq_op = _qd.quantize_per_channel.default, _qd.dequantize_per_channel.default
     else:
         q_args = (float(scale_t), int(zero_point_t), quant_min, quant_max, dtype)

@@ -83,7 +83,7 @@ def fold_batch_norm(model: GraphModule) -> int:
             continue
         if weight is None or mean is None or var is None:
             continue
-        eps = float(bn.args[eps_index])  # type: ignore[arg-type]
+        eps = float(bn.args[eps_index])  # type: ignore[arg-type,unused-ignore]
         with torch.no_grad():
             if producer.target is _LINEAR:
                 if bn_w is None or bn_b is None or weight.dim() != 2:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.fx import Graph, GraphModule, Node
@@ -34,7 +34,7 @@ def copy_graph_module(model: GraphModule) -> tuple[GraphModule, dict[Node, Node]
     copied = graph.graph_copy(model.graph, node_map, return_output_node=True)
     graph._codegen = model.graph._codegen  # pytree specs: immutable, shared
     if copied is not None:
-        output_value, old_output = copied  # type: ignore[misc]
+        output_value, old_output = cast(tuple[Any, Node], copied)
         new_output = graph.output(output_value, type_expr=getattr(old_output, "type", None))
         new_output.meta = copy.copy(old_output.meta)
         node_map[old_output] = new_output
@@ -101,9 +101,7 @@ def evaluate_constant(model: GraphModule, node: Node, memo: dict[Node, Any]) -> 
     if node.op == "get_attr":
         value = get_attr_value(model, str(node.target))
     else:
-        args, kwargs = torch.fx.node.map_arg(
-            (node.args, node.kwargs), lambda n: evaluate_constant(model, n, memo)
-        )
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: evaluate_constant(model, n, memo))
         assert callable(node.target)
         value = node.target(*args, **kwargs)
     memo[node] = value

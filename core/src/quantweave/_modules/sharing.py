@@ -196,9 +196,7 @@ def group_specs(
     return roots, concrete
 
 
-def build_observers(
-    specs: dict[EdgeOrNode, QuantizationSpecBase], is_qat: bool
-) -> dict[EdgeOrNode, torch.nn.Module]:
+def build_observers(specs: dict[EdgeOrNode, QuantizationSpecBase], is_qat: bool) -> dict[EdgeOrNode, torch.nn.Module]:
     """One observer (or fake-quantize) per sharing group, mapped from every member."""
     roots, concrete = group_specs(specs)
     by_root: dict[EdgeOrNode, torch.nn.Module] = {}
@@ -225,9 +223,7 @@ def build_observers(
         except SharingError:
             raise
         except Exception as exc:
-            raise AnnotationError(
-                f"{describe(root)}: could not build an observer for {spec!r}: {exc}"
-            ) from exc
+            raise AnnotationError(f"{describe(root)}: could not build an observer for {spec!r}: {exc}") from exc
         building.pop()
         by_root[root] = observer
         return observer

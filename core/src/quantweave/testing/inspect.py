@@ -26,7 +26,8 @@ def qdq_summary(gm: GraphModule) -> dict[tuple[str, str], tuple[Any, ...]]:
     """``{(consumer, source): (scale, zero_point, *rest)}`` for every dequantize node.
 
     ``source`` is the name of the quantized tensor's producer, or ``"<constant arg i>"`` for
-    a folded constant (weight, bias) used as the consumer's argument ``i``. Two converted models with the same decisions have equal summaries.
+    a folded constant (weight, bias) used as the consumer's argument ``i``. Two converted
+    models with the same decisions have equal summaries.
     """
     out: dict[tuple[str, str], tuple[Any, ...]] = {}
     for node in gm.graph.nodes:

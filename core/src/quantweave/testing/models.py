@@ -91,17 +91,13 @@ class MobileNetLike(nn.Module):
 
     def __init__(self, width: int = 16, num_classes: int = 10) -> None:
         super().__init__()
-        self.stem = nn.Sequential(
-            nn.Conv2d(3, width, 3, 2, 1, bias=False), nn.BatchNorm2d(width), nn.Hardswish()
-        )
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, 2, 1, bias=False), nn.BatchNorm2d(width), nn.Hardswish())
         self.dw = nn.Sequential(
             nn.Conv2d(width, width, 3, 1, 1, groups=width, bias=False), nn.BatchNorm2d(width), nn.ReLU()
         )
         self.se_reduce = nn.Conv2d(width, width // 4, 1)
         self.se_expand = nn.Conv2d(width // 4, width, 1)
-        self.pw = nn.Sequential(
-            nn.Conv2d(width, 2 * width, 1, bias=False), nn.BatchNorm2d(2 * width), nn.ReLU()
-        )
+        self.pw = nn.Sequential(nn.Conv2d(width, 2 * width, 1, bias=False), nn.BatchNorm2d(2 * width), nn.ReLU())
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(2 * width, num_classes)
 
@@ -163,6 +159,7 @@ def _randomize_bn(model: nn.Module) -> None:
     for m in model.modules():
         if isinstance(m, nn.BatchNorm2d):
             n = m.num_features
+            assert m.running_mean is not None and m.running_var is not None
             m.running_mean.copy_(torch.randn(n, generator=gen) * 0.1)
             m.running_var.copy_(torch.rand(n, generator=gen) * 0.5 + 0.75)
             with torch.no_grad():
@@ -170,9 +167,7 @@ def _randomize_bn(model: nn.Module) -> None:
                 m.bias.copy_(torch.randn(n, generator=gen) * 0.1)
 
 
-def example_inputs(
-    model: nn.Module, batch: int = 1, image: int = 32, seq: int = 16
-) -> tuple[torch.Tensor, ...]:
+def example_inputs(model: nn.Module, batch: int = 1, image: int = 32, seq: int = 16) -> tuple[torch.Tensor, ...]:
     """Example inputs of the right kind for each reference model."""
     gen = torch.Generator().manual_seed(7)
     if isinstance(model, SmallLM):

@@ -216,7 +216,7 @@ def make_reference_quantizer(api: Any | None = None, **options: Any) -> Any:
     if options:
         raise TypeError(f"unknown reference quantizer option(s): {sorted(options)}")
 
-    class ReferenceQuantizer(api.Quantizer):  # type: ignore[misc,name-defined]
+    class ReferenceQuantizer(api.Quantizer):  # type: ignore[name-defined]
         def annotate(self, model: GraphModule) -> GraphModule:
             _Annotator(api, histogram, derived_bias).run(model)
             return model
