@@ -17,15 +17,38 @@ from .annotation import (
     get_weight_qspec,
     is_annotated,
 )
+from .capabilities import Capability, Mode, TensorQuant
 from .convert import convert_pt2e
-from .errors import AnnotationError, ConvertError, ObserverNotCalibratedError, SharingError
+from .errors import (
+    AnnotationError,
+    ConvertError,
+    ObserverNotCalibratedError,
+    PluginError,
+    PluginWarning,
+    SharingError,
+    UnknownQuantizerError,
+)
+from .hookspecs import hookimpl
 from .prepare import prepare_pt2e, prepare_qat_pt2e
 from .quantizer import Quantizer
+from .registry import PluginManager, QuantizerInfo, get_quantizer, plugins, quantization_capabilities
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AnnotationError",
+    "Capability",
+    "Mode",
+    "PluginError",
+    "PluginManager",
+    "PluginWarning",
+    "QuantizerInfo",
+    "TensorQuant",
+    "UnknownQuantizerError",
+    "get_quantizer",
+    "hookimpl",
+    "plugins",
+    "quantization_capabilities",
     "ConvertError",
     "DerivedQuantizationSpec",
     "EdgeOrNode",

@@ -14,11 +14,11 @@ again (e.g. with ``fold_quantize=False``).
 from __future__ import annotations
 
 import copy
+import functools
 import operator
 from typing import Any
 
 import torch
-import torch.ao.quantization.fx._decomposed
 from torch.fx import GraphModule, Node
 
 from ._modules.graph import (
@@ -34,20 +34,37 @@ from ._modules.graph import (
 from .errors import ConvertError, ObserverNotCalibratedError
 from .observers import is_calibrated, is_observer_module
 
-__all__ = ["convert_pt2e", "QUANTIZE_OPS", "DEQUANTIZE_OPS"]
+__all__ = ["convert_pt2e", "quantize_ops", "dequantize_ops", "QUANTIZE_OPS", "DEQUANTIZE_OPS"]
 
-_qd = torch.ops.quantized_decomposed
 
-QUANTIZE_OPS = (
-    _qd.quantize_per_tensor.default,
-    _qd.quantize_per_tensor.tensor,
-    _qd.quantize_per_channel.default,
-)
-DEQUANTIZE_OPS = (
-    _qd.dequantize_per_tensor.default,
-    _qd.dequantize_per_tensor.tensor,
-    _qd.dequantize_per_channel.default,
-)
+
+@functools.cache
+def _decomposed_ops() -> Any:
+    """``torch.ops.quantized_decomposed``, registered on first use (keeps ``import quantweave`` cheap)."""
+    import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers the ops)
+
+    return torch.ops.quantized_decomposed
+
+
+def quantize_ops() -> tuple[Any, ...]:
+    """The quantize ops convert emits."""
+    qd = _decomposed_ops()
+    return (qd.quantize_per_tensor.default, qd.quantize_per_tensor.tensor, qd.quantize_per_channel.default)
+
+
+def dequantize_ops() -> tuple[Any, ...]:
+    """The dequantize ops convert emits."""
+    qd = _decomposed_ops()
+    return (qd.dequantize_per_tensor.default, qd.dequantize_per_tensor.tensor, qd.dequantize_per_channel.default)
+
+
+def __getattr__(name: str) -> Any:  # QUANTIZE_OPS / DEQUANTIZE_OPS, computed on first access
+    if name == "QUANTIZE_OPS":
+        return quantize_ops()
+    if name == "DEQUANTIZE_OPS":
+        return dequantize_ops()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _UNDERLYING_DTYPE = {
     torch.quint8: torch.uint8,
@@ -61,8 +78,8 @@ _PER_CHANNEL = (
     torch.per_channel_affine_float_qparams,
 )
 _CHOOSE_QPARAMS = {
-    torch.per_tensor_affine: _qd.choose_qparams.tensor,
-    torch.per_tensor_symmetric: _qd.choose_qparams_symmetric.tensor,
+    torch.per_tensor_affine: "choose_qparams",
+    torch.per_tensor_symmetric: "choose_qparams_symmetric",
 }
 
 
@@ -166,6 +183,7 @@ def _replace_observer(
     constant_values: dict[Node, Any],
 ) -> None:
     graph = gm.graph
+    _qd = _decomposed_ops()
     source = node.args[0]
     assert isinstance(source, Node)
     name = str(node.target)
@@ -188,7 +206,8 @@ def _replace_observer(
         eps = getattr(module, "eps", None)
         eps = float(torch.finfo(torch.float32).eps) if eps is None else float(eps)
         with graph.inserting_before(node):
-            choose = graph.call_function(_CHOOSE_QPARAMS[qscheme], (source, quant_min, quant_max, eps, dtype))
+            choose_op = getattr(_qd, _CHOOSE_QPARAMS[qscheme]).tensor
+            choose = graph.call_function(choose_op, (source, quant_min, quant_max, eps, dtype))
             scale = graph.call_function(operator.getitem, (choose, 0))
             zero_point = graph.call_function(operator.getitem, (choose, 1))
             dyn_args = (scale, zero_point, quant_min, quant_max, dtype)
@@ -253,7 +272,7 @@ def _remove_dead_constants(gm: GraphModule, roots: list[Node]) -> None:
 def _one_dequantize_per_user(gm: GraphModule) -> None:
     graph = gm.graph
     for node in list(graph.nodes):
-        if node.op != "call_function" or node.target not in DEQUANTIZE_OPS:
+        if node.op != "call_function" or node.target not in dequantize_ops():
             continue
         users = list(node.users)
         for user in users[1:]:

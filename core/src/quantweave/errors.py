@@ -7,6 +7,9 @@ __all__ = [
     "SharingError",
     "ObserverNotCalibratedError",
     "ConvertError",
+    "PluginError",
+    "PluginWarning",
+    "UnknownQuantizerError",
 ]
 
 
@@ -25,3 +28,16 @@ class ObserverNotCalibratedError(RuntimeError):
 
 class ConvertError(RuntimeError):
     """``convert_pt2e`` cannot turn an observer into quantize/dequantize ops."""
+
+
+class PluginError(RuntimeError):
+    """A plugin could not be loaded or its quantizer could not be built
+    (raised for load failures only with ``QUANTWEAVE_STRICT_PLUGINS=1``)."""
+
+
+class PluginWarning(UserWarning):
+    """A plugin was not loaded; the host carries on without it."""
+
+
+class UnknownQuantizerError(LookupError):
+    """No installed quantizer has that name (the message lists the available ones)."""

@@ -1,0 +1,86 @@
+"""The ``quantweave`` command (also ``python -m quantweave``).
+
+``quantweave plugins [--json]``: installed plugins with status, distribution, version,
+quantizers and, for failures, the reason.
+
+``quantweave capabilities [--plugin NAME] [--mode MODE] [--json]``: a pattern x quantizer
+table of declared capabilities (cells list the modes), or the records as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from .capabilities import Mode
+from .registry import PluginManager, default_manager
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=False)]
+    lines = [
+        "  ".join(str(cell).ljust(w) for cell, w in zip(line, widths, strict=False)).rstrip()
+        for line in [header, *rows]
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def render_plugins(manager: PluginManager, as_json: bool) -> str:
+    records = manager.plugins()
+    if as_json:
+        return json.dumps([r.to_dict() for r in records], indent=2)
+    if not records:
+        return "no quantweave plugins installed (entry-point group 'quantweave')"
+    rows = [
+        [r.name, r.status, r.distribution or "-", r.version or "-", ", ".join(r.quantizers) or "-", r.error or ""]
+        for r in records
+    ]
+    return _table(["plugin", "status", "distribution", "version", "quantizers", "error"], rows)
+
+
+def render_capabilities(manager: PluginManager, plugin: str | None, mode: str | None, as_json: bool) -> str:
+    caps = manager.quantization_capabilities(plugin=plugin, mode=mode)
+    if as_json:
+        return json.dumps([c.to_dict() for c in caps], indent=2)
+    if not caps:
+        return (
+            "no capabilities declared"
+            + (f" for plugin {plugin!r}" if plugin else "")
+            + (f" in mode {mode}" if mode else "")
+        )
+    quantizers = sorted({f"{c.plugin}:{c.quantizer}" for c in caps})
+    patterns = sorted({c.pattern for c in caps})
+    cells: dict[tuple[str, str], list[str]] = {}
+    for c in caps:
+        cells.setdefault((c.pattern, f"{c.plugin}:{c.quantizer}"), []).append(c.mode.value)
+    order = [m.value for m in Mode]
+    rows = [
+        [pattern, *(",".join(sorted(cells.get((pattern, q), []), key=order.index)) or "-" for q in quantizers)]
+        for pattern in patterns
+    ]
+    return _table(["pattern", *quantizers], rows)
+
+
+def main(argv: Sequence[str] | None = None, manager: PluginManager | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="quantweave", description="PT2E quantization plugins and capabilities")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_plugins = sub.add_parser("plugins", help="list installed plugins and their status")
+    p_plugins.add_argument("--json", action="store_true", help="print JSON")
+    p_caps = sub.add_parser("capabilities", help="pattern x quantizer table of declared capabilities")
+    p_caps.add_argument("--plugin", help="only this plugin")
+    p_caps.add_argument("--mode", choices=[m.value for m in Mode], help="only this mode")
+    p_caps.add_argument("--json", action="store_true", help="print JSON records")
+    args = parser.parse_args(argv)
+    manager = manager or default_manager()
+    if args.command == "plugins":
+        print(render_plugins(manager, args.json))
+        return 0
+    if args.plugin is not None and args.plugin not in {r.name for r in manager.plugins()}:
+        known = ", ".join(r.name for r in manager.plugins()) or "none"
+        print(f"quantweave: no plugin named {args.plugin!r}; installed: {known}", file=sys.stderr)
+        return 2
+    print(render_capabilities(manager, args.plugin, args.mode, args.json))
+    return 0

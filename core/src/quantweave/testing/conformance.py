@@ -1,0 +1,336 @@
+"""Conformance kit: declared capabilities must be what a quantizer really does.
+
+For every capability a quantizer declares, the kit builds a *probe* model containing the
+pattern, exports it with default (non-strict) ``torch.export``, runs the quantizer
+(``transform_for_annotation`` + ``annotate``) and checks that:
+
+* the pattern's anchor op is annotated, with the declared activation quantization
+  (dtype, range, granularity, symmetry; ``is_dynamic`` for dynamic mode; no activation
+  quantization for weight-only) and the declared weight quantization;
+* the quantized model prepares (``prepare_qat_pt2e`` for QAT), runs, and converts;
+* nothing is annotated that the quantizer does not declare: every annotated node in every
+  probe (declared or not) must be an op covered by a declared capability of that mode.
+
+Use from pytest (third-party plugins too)::
+
+    from quantweave.testing.conformance import assert_conforms, capability_cases, check_capability
+
+    def test_my_plugin_conforms():
+        assert_conforms(my_quantizer_info, plugin="myplugin")
+
+    # or one test per capability:
+    @pytest.mark.parametrize("cap", capability_cases(my_quantizer_info))
+    def test_capability(cap):
+        assert check_capability(my_quantizer_info, cap) == []
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.fx import GraphModule, Node
+
+from .._modules.graph import copy_graph_module
+from .._modules.sharing import collect_specs, group_specs
+from ..annotation import ANNOTATION_KEY, QuantizationAnnotation
+from ..capabilities import PATTERNS, Capability, Mode, TensorQuant, tensor_quant_from_spec
+from ..convert import convert_pt2e
+from ..observers import FakeQuantizeBase
+from ..prepare import prepare_pt2e, prepare_qat_pt2e
+from ..registry import QuantizerInfo
+
+__all__ = [
+    "PROBES",
+    "ConformanceFailure",
+    "assert_conforms",
+    "capability_cases",
+    "check_capability",
+    "check_conformance",
+]
+
+
+class _Probe(nn.Module):
+    def __init__(self, forward: Callable[..., torch.Tensor], **modules: nn.Module) -> None:
+        super().__init__()
+        for name, module in modules.items():
+            self.add_module(name, module)
+        self._forward = forward
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self._forward(self, *inputs)
+
+
+def _img(c: int = 3, s: int = 12) -> torch.Tensor:
+    return torch.randn(1, c, s, s)
+
+
+def _conv_then(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]:
+    return lambda: (_Probe(lambda m, x: fn(m.conv(x)), conv=nn.Conv2d(3, 8, 3)), (_img(),))
+
+
+def _linear_then(
+    fn: Callable[[torch.Tensor], torch.Tensor],
+) -> Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]:
+    return lambda: (_Probe(lambda m, x: fn(m.fc(x)), fc=nn.Linear(16, 8)), (torch.randn(2, 16),))
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+ProbeFactory = Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]
+
+#: pattern -> factory of (probe model, example inputs); one per vocabulary pattern.
+PROBES: dict[str, ProbeFactory] = {
+    "conv1d": lambda: (_Probe(lambda m, x: m.conv(x), conv=nn.Conv1d(4, 8, 3)), (torch.randn(1, 4, 16),)),
+    "conv1d_relu": lambda: (_Probe(lambda m, x: F.relu(m.conv(x)), conv=nn.Conv1d(4, 8, 3)), (torch.randn(1, 4, 16),)),
+    "conv2d": _conv_then(_identity),
+    "conv2d_relu": _conv_then(F.relu),
+    "conv2d_hardtanh": _conv_then(F.hardtanh),
+    "conv2d_relu6": _conv_then(F.relu6),
+    "conv2d_hardswish": _conv_then(F.hardswish),
+    "conv2d_silu": _conv_then(F.silu),
+    "conv2d_add": lambda: (
+        _Probe(lambda m, x, y: m.conv(x) + y, conv=nn.Conv2d(3, 8, 3)),
+        (_img(), torch.randn(1, 8, 10, 10)),
+    ),
+    "conv2d_add_relu": lambda: (
+        _Probe(lambda m, x, y: F.relu(m.conv(x) + y), conv=nn.Conv2d(3, 8, 3)),
+        (_img(), torch.randn(1, 8, 10, 10)),
+    ),
+    "conv2d_bn": lambda: (
+        _Probe(lambda m, x: m.bn(m.conv(x)), conv=nn.Conv2d(3, 8, 3), bn=nn.BatchNorm2d(8)),
+        (_img(),),
+    ),
+    "conv2d_bn_relu": lambda: (
+        _Probe(lambda m, x: F.relu(m.bn(m.conv(x))), conv=nn.Conv2d(3, 8, 3), bn=nn.BatchNorm2d(8)),
+        (_img(),),
+    ),
+    "conv_transpose2d": lambda: (_Probe(lambda m, x: m.conv(x), conv=nn.ConvTranspose2d(3, 8, 3)), (_img(),)),
+    "linear": _linear_then(_identity),
+    "linear_relu": _linear_then(F.relu),
+    "linear_leaky_relu": _linear_then(F.leaky_relu),
+    "linear_tanh": _linear_then(torch.tanh),
+    "linear_gelu": _linear_then(F.gelu),
+    "linear_add": lambda: (
+        _Probe(lambda m, x, y: m.fc(x) + y, fc=nn.Linear(16, 8)),
+        (torch.randn(2, 16), torch.randn(2, 8)),
+    ),
+    "linear_add_relu": lambda: (
+        _Probe(lambda m, x, y: F.relu(m.fc(x) + y), fc=nn.Linear(16, 8)),
+        (torch.randn(2, 16), torch.randn(2, 8)),
+    ),
+    "matmul": lambda: (_Probe(lambda m, x, y: torch.matmul(x, y)), (torch.randn(2, 4, 8), torch.randn(2, 8, 4))),
+    "add": lambda: (_Probe(lambda m, x, y: x + y), (torch.randn(2, 8), torch.randn(2, 8))),
+    "add_relu": lambda: (_Probe(lambda m, x, y: F.relu(x + y)), (torch.randn(2, 8), torch.randn(2, 8))),
+    "mul": lambda: (_Probe(lambda m, x, y: x * y), (torch.randn(2, 8), torch.randn(2, 8))),
+    "mul_relu": lambda: (_Probe(lambda m, x, y: F.relu(x * y)), (torch.randn(2, 8), torch.randn(2, 8))),
+    "cat": lambda: (_Probe(lambda m, x, y: torch.cat([x, y], 1)), (torch.randn(2, 8), torch.randn(2, 4))),
+    "max_pool2d": _conv_then(lambda t: F.max_pool2d(t, 2)),
+    "avg_pool2d": _conv_then(lambda t: F.avg_pool2d(t, 2)),
+    "adaptive_avg_pool2d": _conv_then(lambda t: F.adaptive_avg_pool2d(t, 1)),
+    "flatten": _conv_then(lambda t: torch.flatten(t, 1)),
+    "relu": lambda: (_Probe(lambda m, x: F.relu(x)), (torch.randn(2, 8),)),
+    "hardtanh": lambda: (_Probe(lambda m, x: F.hardtanh(x)), (torch.randn(2, 8),)),
+    "sigmoid": lambda: (_Probe(lambda m, x: torch.sigmoid(x)), (torch.randn(2, 8),)),
+    "softmax": lambda: (_Probe(lambda m, x: torch.softmax(x, -1)), (torch.randn(2, 8),)),
+    "embedding": lambda: (_Probe(lambda m, t: m.emb(t), emb=nn.Embedding(10, 8)), (torch.tensor([[1, 2, 3]]),)),
+}
+
+
+@dataclass(frozen=True)
+class ConformanceFailure:
+    """One way a quantizer disagrees with its declaration."""
+
+    plugin: str
+    quantizer: str
+    pattern: str
+    mode: str
+    message: str
+
+    def __str__(self) -> str:
+        who = f"{self.plugin}:{self.quantizer}" if self.plugin else self.quantizer
+        return f"{who} [{self.pattern}, {self.mode}]: {self.message}"
+
+
+def _op_name(node: Node) -> str:
+    return str(node.target)
+
+
+def _annotated_nodes(gm: GraphModule) -> list[Node]:
+    out = []
+    for node in gm.graph.nodes:
+        ann = node.meta.get(ANNOTATION_KEY)
+        if isinstance(ann, QuantizationAnnotation) and (
+            ann.output_qspec is not None or any(s is not None for s in ann.input_qspec_map.values())
+        ):
+            out.append(node)
+    return out
+
+
+def _export(pattern: str, mode: Mode) -> tuple[nn.Module, tuple[torch.Tensor, ...], GraphModule]:
+    torch.manual_seed(0)
+    model, inputs = PROBES[pattern]()
+    model.train(mode is Mode.QAT)
+    return model, inputs, torch.export.export(model, inputs).module()
+
+
+def _annotate(quantizer: Any, exported: GraphModule) -> GraphModule:
+    gm, _ = copy_graph_module(exported)
+    gm = quantizer.transform_for_annotation(gm)
+    quantizer.annotate(gm)
+    return gm
+
+
+def _activation_inputs(node: Node) -> list[Node]:
+    target = _op_name(node)
+    if target == "aten.embedding.default":
+        return []
+    if target == "aten.cat.default":
+        return [a for a in node.args[0] if isinstance(a, Node)]  # type: ignore[union-attr]
+    if target in ("aten.add.Tensor", "aten.mul.Tensor", "aten.matmul.default"):
+        return [a for a in node.args[:2] if isinstance(a, Node)]
+    return [node.args[0]] if isinstance(node.args[0], Node) else []
+
+
+def _weight_input(node: Node) -> Node | None:
+    target = _op_name(node)
+    index = 0 if target == "aten.embedding.default" else 1
+    if target.startswith(("aten.conv", "aten.linear", "aten.embedding")) and len(node.args) > index:
+        arg = node.args[index]
+        return arg if isinstance(arg, Node) else None
+    return None
+
+
+def _describe(tq: TensorQuant | None) -> str:
+    return "not quantized" if tq is None else str(tq)
+
+
+def _check_annotations(gm: GraphModule, cap: Capability) -> list[str]:
+    problems: list[str] = []
+    anchor_op = PATTERNS[cap.pattern][1][0]
+    anchors = [n for n in gm.graph.nodes if n.op == "call_function" and _op_name(n) == anchor_op]
+    if not anchors:
+        return [f"the probe has no {anchor_op} node after transform_for_annotation"]
+    anchor = anchors[0]
+    specs = collect_specs(gm.graph)
+    roots, concrete = group_specs(specs)
+
+    def resolved(key: Any) -> Any:
+        return concrete[roots[key]] if key in specs else None
+
+    if anchor not in _annotated_nodes(gm):
+        return [f"{anchor.name!r} ({anchor_op}) is not annotated"]
+    want_dynamic = cap.mode is Mode.DYNAMIC
+    for producer in _activation_inputs(anchor):
+        spec = resolved((producer, anchor))
+        got = tensor_quant_from_spec(spec)
+        if got != cap.activation:
+            problems.append(
+                f"activation input {producer.name!r} of {anchor.name!r}: declared {_describe(cap.activation)}, "
+                f"annotated {_describe(got)}"
+            )
+        elif spec is not None and bool(getattr(spec, "is_dynamic", False)) != want_dynamic:
+            problems.append(
+                f"activation input {producer.name!r} of {anchor.name!r}: declared mode {cap.mode} but the spec has "
+                f"is_dynamic={getattr(spec, 'is_dynamic', False)}"
+            )
+    weight = _weight_input(anchor)
+    if cap.weight is not None or weight is not None:
+        got_w = tensor_quant_from_spec(resolved((weight, anchor))) if weight is not None else None
+        if got_w != cap.weight:
+            problems.append(
+                f"weight of {anchor.name!r}: declared {_describe(cap.weight)}, annotated {_describe(got_w)}"
+            )
+    return problems
+
+
+def _undeclared(gm: GraphModule, covered: set[str], mode: Mode) -> list[str]:
+    return [
+        f"annotates {n.name!r} ({_op_name(n)}) in mode {mode}, but no declared capability of that mode covers "
+        f"{_op_name(n)}"
+        for n in _annotated_nodes(gm)
+        if _op_name(n) not in covered
+    ]
+
+
+def _run_flow(quantizer: Any, exported: GraphModule, inputs: tuple[torch.Tensor, ...], mode: Mode) -> list[str]:
+    try:
+        if mode is Mode.QAT:
+            prepared = prepare_qat_pt2e(exported, quantizer)
+            if not any(isinstance(m, FakeQuantizeBase) for m in prepared.modules()):
+                return ["declared qat, but prepare_qat_pt2e inserted no fake-quantize modules"]
+            prepared(*inputs)
+            return []
+        prepared = prepare_pt2e(exported, quantizer)
+        prepared(*inputs)
+        converted = convert_pt2e(prepared)
+        converted(*inputs)
+    except Exception as exc:
+        return [f"the quantized probe does not run end to end: {type(exc).__name__}: {exc}"]
+    return []
+
+
+def check_capability(info: QuantizerInfo, cap: Capability, plugin: str = "") -> list[ConformanceFailure]:
+    """Check one declared capability of ``info``; returns the failures (empty: conforms)."""
+
+    def fail(message: str) -> ConformanceFailure:
+        return ConformanceFailure(plugin, info.name, cap.pattern, cap.mode.value, message)
+
+    if cap.pattern not in PROBES:
+        return [fail("the conformance kit has no probe for this pattern")]
+    try:
+        quantizer = info.factory(**info.options_for(cap.mode))
+        _, inputs, exported = _export(cap.pattern, cap.mode)
+        annotated = _annotate(quantizer, exported)
+    except Exception as exc:
+        return [fail(f"annotating the probe raised {type(exc).__name__}: {exc}")]
+    failures = [fail(p) for p in _check_annotations(annotated, cap)]
+    covered = {op for c in info.capabilities if c.mode is cap.mode for op in c.ops}
+    failures += [fail(p) for p in _undeclared(annotated, covered, cap.mode)]
+    if not failures:
+        failures += [fail(p) for p in _run_flow(quantizer, exported, inputs, cap.mode)]
+    return failures
+
+
+def check_conformance(info: QuantizerInfo, plugin: str = "") -> list[ConformanceFailure]:
+    """Check every declared capability, and that undeclared patterns are left alone."""
+    failures: list[ConformanceFailure] = []
+    if not info.capabilities:
+        failures.append(ConformanceFailure(plugin, info.name, "-", "-", "declares no capabilities"))
+    for cap in info.capabilities:
+        failures += check_capability(info, cap, plugin)
+    declared = {c.key for c in info.capabilities}
+    for mode in sorted({c.mode for c in info.capabilities}, key=lambda m: m.value):
+        covered = {op for c in info.capabilities if c.mode is mode for op in c.ops}
+        quantizer = info.factory(**info.options_for(mode))
+        for pattern in sorted(PROBES):
+            if (pattern, mode) in declared:
+                continue
+            try:
+                annotated = _annotate(quantizer, _export(pattern, mode)[2])
+            except Exception as exc:
+                failures.append(ConformanceFailure(plugin, info.name, pattern, mode.value, f"annotate raised {exc!r}"))
+                continue
+            for problem in _undeclared(annotated, covered, mode):
+                failures.append(ConformanceFailure(plugin, info.name, pattern, mode.value, problem))
+    return failures
+
+
+def capability_cases(info: QuantizerInfo) -> list[Any]:
+    """``pytest.param`` per declared capability, with readable ids, for parametrized tests."""
+    import pytest
+
+    return [pytest.param(cap, id=f"{info.name}-{cap.pattern}-{cap.mode.value}") for cap in info.capabilities]
+
+
+def assert_conforms(info: QuantizerInfo, plugin: str = "") -> None:
+    """Raise ``AssertionError`` listing every failure of :func:`check_conformance`."""
+    failures = check_conformance(info, plugin)
+    if failures:
+        raise AssertionError(f"{len(failures)} conformance failure(s):\n" + "\n".join(f"  - {f}" for f in failures))

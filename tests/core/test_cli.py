@@ -1,0 +1,124 @@
+"""The quantweave CLI: plugins and capabilities, as text and JSON."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import quantweave as qw
+from quantweave.capabilities import Capability, TensorQuant
+from quantweave.cli import main
+from quantweave.registry import PluginManager, QuantizerInfo
+
+ACT = TensorQuant("uint8", 0, 255)
+W = TensorQuant("int8", -128, 127, "per_channel", symmetric=True)
+
+
+class Q(qw.Quantizer):
+    def annotate(self, model):
+        return model
+
+
+class Plugin:
+    QUANTWEAVE_PLUGIN_API = 1
+
+    def __init__(self, name, caps):
+        self.name, self.caps = name, caps
+
+    @qw.hookimpl
+    def quantweave_quantizers(self):
+        return [QuantizerInfo(self.name, Q, self.caps, mode_options={"dynamic": {}})]
+
+
+class Broken:
+    QUANTWEAVE_PLUGIN_API = 7
+
+
+@pytest.fixture
+def pm():
+    manager = PluginManager(entry_points=[])
+    manager.register(
+        "alpha",
+        Plugin("a", (Capability("conv2d", "static", ACT, W), Capability("linear", "dynamic", ACT, W))),
+        distribution="qw-alpha",
+        version="1.2.0",
+    )
+    manager.register("beta", Plugin("b", (Capability("linear", "static", ACT, W),)))
+    with pytest.warns(qw.PluginWarning):
+        manager.register("gamma", Broken(), distribution="qw-gamma", version="0.1")
+    return manager
+
+
+def run(capsys, pm, *argv):
+    code = main(list(argv), manager=pm)
+    return code, capsys.readouterr().out
+
+
+def test_plugins_table(capsys, pm):
+    code, out = run(capsys, pm, "plugins")
+    lines = out.splitlines()
+    assert code == 0
+    assert lines[0].split() == ["plugin", "status", "distribution", "version", "quantizers", "error"]
+    assert lines[2].split() == ["alpha", "loaded", "qw-alpha", "1.2.0", "a"]
+    assert lines[3].split() == ["beta", "loaded", "-", "-", "b"]
+    assert lines[4].startswith("gamma") and "failed" in lines[4]
+    assert "declares plugin API 7, but this quantweave implements plugin API 1" in lines[4]
+
+
+def test_plugins_json(capsys, pm):
+    _, out = run(capsys, pm, "plugins", "--json")
+    data = json.loads(out)
+    assert [d["name"] for d in data] == ["alpha", "beta", "gamma"]
+    assert data[0] == {
+        "name": "alpha",
+        "distribution": "qw-alpha",
+        "version": "1.2.0",
+        "status": "loaded",
+        "quantizers": ["a"],
+        "error": None,
+    }
+    assert data[2]["status"] == "failed" and "plugin API 7" in data[2]["error"]
+
+
+def test_capabilities_table_is_pattern_by_quantizer(capsys, pm):
+    code, out = run(capsys, pm, "capabilities")
+    lines = out.splitlines()
+    assert code == 0
+    assert lines[0].split() == ["pattern", "alpha:a", "beta:b"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[2:]}
+    assert rows == {"conv2d": ["static", "-"], "linear": ["dynamic", "static"]}
+
+
+def test_capabilities_filters_and_json(capsys, pm):
+    _, out = run(capsys, pm, "capabilities", "--mode", "dynamic", "--json")
+    (record,) = json.loads(out)
+    assert record["pattern"] == "linear" and record["mode"] == "dynamic"
+    assert (record["plugin"], record["quantizer"]) == ("alpha", "a")
+    assert record["activation"] == {
+        "dtype": "uint8",
+        "quant_min": 0,
+        "quant_max": 255,
+        "granularity": "per_tensor",
+        "symmetric": False,
+    }
+    assert Capability.from_dict(record) == pm.quantization_capabilities(mode="dynamic")[0]
+    _, out = run(capsys, pm, "capabilities", "--plugin", "beta")
+    assert out.splitlines()[0].split() == ["pattern", "beta:b"]
+
+
+def test_unknown_plugin_filter_is_an_error(capsys, pm):
+    code = main(["capabilities", "--plugin", "nope"], manager=pm)
+    err = capsys.readouterr().err
+    assert code == 2 and "no plugin named 'nope'; installed: alpha, beta, gamma" in err
+
+
+def test_python_dash_m_runs_the_cli():
+    proc = subprocess.run(
+        [sys.executable, "-m", "quantweave", "plugins", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"QUANTWEAVE_LOAD_PLUGINS": "", "PATH": ""},
+    )
+    assert all(d["status"] == "disabled" for d in json.loads(proc.stdout))

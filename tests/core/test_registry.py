@@ -1,0 +1,198 @@
+"""Plugin discovery and the registry, each test on a fresh, isolated PluginManager."""
+
+import importlib
+import importlib.metadata
+import sys
+import textwrap
+import warnings
+
+import pytest
+
+import quantweave as qw
+from quantweave.capabilities import Capability, Mode, TensorQuant
+from quantweave.registry import PluginManager, QuantizerInfo
+
+ACT = TensorQuant("uint8", 0, 255)
+
+GOOD = """
+import quantweave as qw
+from quantweave.capabilities import Capability, TensorQuant
+from quantweave.hookspecs import hookimpl
+from quantweave.registry import QuantizerInfo
+
+QUANTWEAVE_PLUGIN_API = 1
+
+class Q(qw.Quantizer):
+    def __init__(self, flavour="plain"):
+        self.flavour = flavour
+    def annotate(self, model):
+        return model
+
+@hookimpl
+def quantweave_quantizers():
+    return [QuantizerInfo(name="{qname}", factory=Q,
+                          capabilities=(Capability("add", "static", TensorQuant("uint8", 0, 255)),))]
+"""
+
+
+@pytest.fixture
+def make_plugin(tmp_path, monkeypatch):
+    """Write a module into a temp dir on sys.path; return an entry point for it."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def make(module, source, name=None):
+        (tmp_path / f"{module}.py").write_text(textwrap.dedent(source))
+        monkeypatch.delitem(sys.modules, module, raising=False)  # a fresh import every test
+        importlib.invalidate_caches()
+        return importlib.metadata.EntryPoint(name=name or module, value=module, group="quantweave")
+
+    return make
+
+
+def manager(*eps, **env):
+    return PluginManager(entry_points=eps, environ={k: v for k, v in env.items()})
+
+
+def test_good_plugin_is_listed_and_its_quantizer_built(make_plugin):
+    pm = manager(make_plugin("qw_good", GOOD.format(qname="alpha")))
+    (record,) = pm.plugins()
+    assert (record.name, record.status, record.quantizers, record.error) == ("qw_good", "loaded", ("alpha",), None)
+    quantizer = pm.get_quantizer("alpha", flavour="fancy")
+    assert isinstance(quantizer, qw.Quantizer) and quantizer.flavour == "fancy"
+    assert pm.get_quantizer("qw_good:alpha").flavour == "plain"
+    (cap,) = pm.quantization_capabilities()
+    assert (cap.pattern, cap.mode, cap.plugin, cap.quantizer) == ("add", Mode.STATIC, "qw_good", "alpha")
+
+
+def test_loading_is_lazy(make_plugin, tmp_path):
+    ep = make_plugin("qw_lazy", "raise RuntimeError('imported too early')")
+    pm = manager(ep)
+    assert not pm._loaded
+    with pytest.warns(qw.PluginWarning):
+        pm.plugins()
+
+
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        ("raise ImportError('missing native lib')", r"import failed: ImportError: missing native lib"),
+        ("import sys; sys.exit(3)", r"import failed: SystemExit: 3"),
+        ("x = 1", r"does not declare QUANTWEAVE_PLUGIN_API"),
+        ("QUANTWEAVE_PLUGIN_API = 99", r"declares plugin API 99, but this quantweave implements plugin API 1"),
+        (
+            "from quantweave.hookspecs import hookimpl\nQUANTWEAVE_PLUGIN_API = 1\n"
+            "@hookimpl\ndef quantweave_quantizer():\n    return []\n",
+            r"invalid hooks: .*quantweave_quantizer",
+        ),
+        (
+            "from quantweave.hookspecs import hookimpl\nQUANTWEAVE_PLUGIN_API = 1\n"
+            "@hookimpl\ndef quantweave_quantizers():\n    raise ValueError('bad config')\n",
+            r"quantweave_quantizers\(\) failed: ValueError: bad config",
+        ),
+        (
+            "from quantweave.hookspecs import hookimpl\nQUANTWEAVE_PLUGIN_API = 1\n"
+            "@hookimpl\ndef quantweave_quantizers():\n    return 'x86'\n",
+            r"quantweave_quantizers\(\) failed: TypeError: expected a list of QuantizerInfo; got str",
+        ),
+    ],
+)
+def test_broken_plugins_are_recorded_and_never_crash_the_host(make_plugin, source, reason):
+    good = make_plugin("qw_fine", GOOD.format(qname="fine"))
+    bad = make_plugin("qw_bad", source)
+    pm = manager(bad, good)
+    with pytest.warns(qw.PluginWarning, match=r"quantweave plugin 'qw_bad' was not loaded: " + reason):
+        records = {r.name: r for r in pm.plugins()}
+    assert records["qw_bad"].status == "failed"
+    assert records["qw_fine"].status == "loaded"
+    assert pm.get_quantizer("fine") is not None
+    with pytest.raises(qw.UnknownQuantizerError):
+        pm.get_quantizer("qw_bad")
+
+
+def test_strict_mode_reraises(make_plugin):
+    pm = manager(make_plugin("qw_boom", "raise ImportError('nope')"), QUANTWEAVE_STRICT_PLUGINS="1")
+    with pytest.raises(qw.PluginError, match=r"'qw_boom' was not loaded: import failed: ImportError: nope"):
+        pm.plugins()
+
+
+def test_disable_and_allow_list_env_vars(make_plugin):
+    a = make_plugin("qw_a", GOOD.format(qname="a"))
+    b = make_plugin("qw_b", GOOD.format(qname="b"))
+    disabled = {r.name: r for r in manager(a, b, QUANTWEAVE_DISABLE_PLUGINS="qw_a").plugins()}
+    assert disabled["qw_a"].status == "disabled" and "QUANTWEAVE_DISABLE_PLUGINS" in disabled["qw_a"].error
+    assert disabled["qw_b"].status == "loaded"
+    only_b = {r.name: r.status for r in manager(a, b, QUANTWEAVE_LOAD_PLUGINS="qw_b").plugins()}
+    assert only_b == {"qw_a": "disabled", "qw_b": "loaded"}
+    none = {r.name: r.status for r in manager(a, b, QUANTWEAVE_LOAD_PLUGINS="").plugins()}
+    assert none == {"qw_a": "disabled", "qw_b": "disabled"}
+
+
+def test_duplicate_entry_points_are_deduplicated(make_plugin):
+    ep = make_plugin("qw_dup", GOOD.format(qname="dup"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        records = manager(ep, ep).plugins()
+    assert [r.name for r in records] == ["qw_dup"]
+
+
+def test_same_plugin_name_from_two_modules_keeps_the_first(make_plugin):
+    first = make_plugin("qw_one", GOOD.format(qname="one"), name="clash")
+    second = make_plugin("qw_two", GOOD.format(qname="two"), name="clash")
+    pm = manager(first, second)
+    with pytest.warns(qw.PluginWarning, match=r"duplicate plugin name 'clash'"):
+        (record,) = pm.plugins()
+    assert record.quantizers == ("one",)
+
+
+def test_unknown_and_ambiguous_names_list_what_is_available(make_plugin):
+    pm = manager(make_plugin("qw_p1", GOOD.format(qname="same")), make_plugin("qw_p2", GOOD.format(qname="same")))
+    with pytest.raises(qw.UnknownQuantizerError, match=r"no quantizer named 'x86'; available: qw_p1:same, qw_p2:same"):
+        pm.get_quantizer("x86")
+    with pytest.raises(qw.UnknownQuantizerError, match=r"'same' is ambiguous: provided by qw_p1:same, qw_p2:same"):
+        pm.get_quantizer("same")
+    assert pm.get_quantizer("qw_p2:same") is not None
+
+
+def test_bad_factory_options_name_the_quantizer(make_plugin):
+    pm = manager(make_plugin("qw_opts", GOOD.format(qname="opts")))
+    with pytest.raises(TypeError, match=r"quantizer qw_opts:opts rejected options \['colour'\]"):
+        pm.get_quantizer("opts", colour="red")
+
+
+def test_register_objects_directly_and_filter_capabilities():
+    class Plugin:
+        QUANTWEAVE_PLUGIN_API = 1
+
+        @qw.hookimpl
+        def quantweave_quantizers(self):
+            class Q(qw.Quantizer):
+                def annotate(self, model):
+                    return model
+
+            caps = (
+                Capability("linear", "static", ACT, TensorQuant("int8", -128, 127, "per_channel", True)),
+                Capability("linear", "dynamic", ACT, TensorQuant("int8", -128, 127, "per_channel", True)),
+            )
+            return [QuantizerInfo("inproc", Q, caps, mode_options={"dynamic": {}})]
+
+    pm = PluginManager(entry_points=[])
+    assert pm.register("inproc", Plugin()).status == "loaded"
+    assert [c.mode for c in pm.quantization_capabilities(mode="dynamic")] == [Mode.DYNAMIC]
+    assert pm.quantization_capabilities(plugin="other") == []
+
+
+def test_quantizer_info_validates_its_declaration():
+    class Q(qw.Quantizer):
+        def annotate(self, model):
+            return model
+
+    with pytest.raises(ValueError, match=r"name must be lower-case"):
+        QuantizerInfo("X86 Quantizer", Q)
+    with pytest.raises(ValueError, match=r"declares linear in mode dynamic but mode_options has no 'dynamic'"):
+        QuantizerInfo("q", Q, (Capability("linear", "dynamic", ACT),))
+    with pytest.raises(ValueError, match=r"capabilities must be Capability records; got str"):
+        QuantizerInfo("q", Q, ("linear",))
+
+
+def test_default_manager_functions_are_exposed():
+    assert callable(qw.plugins) and callable(qw.get_quantizer) and callable(qw.quantization_capabilities)
