@@ -29,7 +29,10 @@ class BasicBlock(nn.Module):
         super().__init__()
         self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(cout)
-        self.relu = nn.ReLU()
+        # two ReLU modules, not one called twice: torchao's x86 quantizer (matching by source
+        # partitions) fails on a reused module ("Input partition has more than one output node")
+        self.relu1 = nn.ReLU()
+        self.relu2 = nn.ReLU()
         self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
         self.bn2 = nn.BatchNorm2d(cout)
         self.down: nn.Module | None = None
@@ -38,9 +41,9 @@ class BasicBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         identity = x if self.down is None else self.down(x)
-        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu1(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
-        return self.relu(out + identity)
+        return self.relu2(out + identity)
 
 
 class ResNetLike(nn.Module):

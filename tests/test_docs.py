@@ -1,0 +1,22 @@
+"""Docs stay true to the code: every hook and every vocabulary pattern is documented."""
+
+from pathlib import Path
+
+from quantweave.capabilities import PATTERNS
+from quantweave.hookspecs import QuantweaveHookSpecs
+
+DOC = (Path(__file__).resolve().parents[1] / "docs" / "plugins.md").read_text()
+
+
+def test_every_hook_is_documented_with_the_version_that_added_it():
+    hooks = [name for name in vars(QuantweaveHookSpecs) if name.startswith("quantweave_")]
+    assert hooks
+    for hook in hooks:
+        section = DOC.split(f"### `{hook}`", 1)
+        assert len(section) == 2, f"docs/plugins.md has no section for hook {hook}"
+        assert "Added in plugin API" in section[1].split("###", 1)[0]
+
+
+def test_every_pattern_of_the_vocabulary_is_documented():
+    for name, (description, _ops) in PATTERNS.items():
+        assert f"| `{name}` | {description} |" in DOC, name
