@@ -34,14 +34,14 @@ from ._modules.graph import (
 from .errors import ConvertError, ObserverNotCalibratedError
 from .observers import is_calibrated, is_observer_module
 
-__all__ = ["convert_pt2e", "quantize_ops", "dequantize_ops", "QUANTIZE_OPS", "DEQUANTIZE_OPS"]
+__all__ = ["convert_pt2e", "dequantize_ops", "quantize_ops"]  # QUANTIZE_OPS/DEQUANTIZE_OPS via __getattr__
 
 
 
 @functools.cache
 def _decomposed_ops() -> Any:
     """``torch.ops.quantized_decomposed``, registered on first use (keeps ``import quantweave`` cheap)."""
-    import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers the ops)
+    import torch.ao.quantization.fx._decomposed  # registers the ops as a side effect
 
     return torch.ops.quantized_decomposed
 
