@@ -37,7 +37,6 @@ from .observers import is_calibrated, is_observer_module
 __all__ = ["convert_pt2e", "dequantize_ops", "quantize_ops"]  # QUANTIZE_OPS/DEQUANTIZE_OPS via __getattr__
 
 
-
 @functools.cache
 def _decomposed_ops() -> Any:
     """``torch.ops.quantized_decomposed``, registered on first use (keeps ``import quantweave`` cheap)."""
