@@ -18,6 +18,7 @@ from .annotation import (
     is_annotated,
 )
 from .capabilities import Capability, Mode, TensorQuant
+from .compose import AnnotationConflictError, ComposableQuantizer
 from .convert import convert_pt2e
 from .errors import (
     AnnotationError,
@@ -32,11 +33,15 @@ from .hookspecs import hookimpl
 from .prepare import prepare_pt2e, prepare_qat_pt2e
 from .quantizer import Quantizer
 from .registry import PluginManager, QuantizerInfo, get_quantizer, plugins, quantization_capabilities
+from .report import annotation_report
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AnnotationConflictError",
     "AnnotationError",
+    "ComposableQuantizer",
+    "annotation_report",
     "Capability",
     "Mode",
     "PluginError",

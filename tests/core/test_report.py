@@ -1,0 +1,88 @@
+"""The annotation report: what was quantized, by whom, what stayed float and why."""
+
+import json
+
+import torch
+
+import quantweave as qw
+from quantweave.compose import ComposableQuantizer
+from quantweave.observers import MinMaxObserver, PerChannelMinMaxObserver
+from quantweave.report import SKIP_REASON_KEY, annotation_report
+from tests.conftest import export
+
+aten = torch.ops.aten
+ACT = qw.QuantizationSpec(dtype=torch.uint8, observer_or_fake_quant_ctr=MinMaxObserver)
+W = qw.QuantizationSpec(
+    dtype=torch.int8,
+    qscheme=torch.per_channel_symmetric,
+    ch_axis=0,
+    observer_or_fake_quant_ctr=PerChannelMinMaxObserver,
+)
+
+
+class Weighted(qw.Quantizer):
+    def __init__(self, name, target, skip_module=None):
+        self.name, self.target, self.skip_module = name, target, skip_module
+
+    def annotate(self, model):
+        for node in model.graph.nodes:
+            if node.target != self.target or qw.is_annotated(node):
+                continue
+            stack = node.meta.get("nn_module_stack", {})
+            if self.skip_module and any(path == self.skip_module for path, _ in stack.values()):
+                node.meta[SKIP_REASON_KEY] = f"module name {self.skip_module!r} configured None"
+                continue
+            qw.annotate_input_qspec_map(node, node.args[0], ACT)
+            qw.annotate_input_qspec_map(node, node.args[1], W)
+            qw.annotate_output_qspec(node, ACT)
+            node.meta["quantization_annotation"]._annotated = True
+        return model
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.fc1 = torch.nn.Linear(4, 4)
+        self.fc2 = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        y = self.conv(x).mean((2, 3))
+        return torch.sigmoid(self.fc2(self.fc1(y)))
+
+
+def test_report_names_quantizers_and_reasons():
+    composed = ComposableQuantizer(
+        [Weighted("convq", aten.conv2d.default), Weighted("linq", aten.linear.default, skip_module="fc2")]
+    )
+    prepared = qw.prepare_pt2e(export(Model(), torch.randn(1, 3, 8, 8)), composed)
+    report = annotation_report(prepared, composed)
+    rows = {r.node: r for r in report.nodes}
+    assert (rows["conv2d"].status, rows["conv2d"].quantizer) == ("quantized", "convq")
+    assert (rows["linear"].status, rows["linear"].quantizer) == ("quantized", "linq")
+    assert (rows["linear_1"].status, rows["linear_1"].reason) == ("float", "module name 'fc2' configured None")
+    assert (rows["sigmoid"].status, rows["sigmoid"].reason) == ("float", "no quantizer claims this pattern")
+    assert [r.node for r in report.nodes] == ["conv2d", "linear", "linear_1", "sigmoid"]
+
+    table = report.to_table().splitlines()
+    assert table[0].split() == ["node", "op", "status", "quantizer", "reason"]
+    assert table[2].split()[:4] == ["conv2d", "aten.conv2d.default", "quantized", "convq"]
+    assert table[-1] == "2 quantized (convq: 1, linq: 1), 2 float, of 4 compute nodes"
+
+    data = json.loads(report.to_json())
+    assert data["summary"] == {"quantized": 2, "float": 2, "by_quantizer": {"convq": 1, "linq": 1}}
+    assert data["nodes"][2] == {
+        "node": "linear_1",
+        "op": "aten.linear.default",
+        "status": "float",
+        "quantizer": None,
+        "reason": "module name 'fc2' configured None",
+    }
+
+
+def test_report_with_a_single_quantizer_uses_its_label():
+    quantizer = Weighted("solo", aten.linear.default)
+    prepared = qw.prepare_pt2e(export(Model(), torch.randn(1, 3, 8, 8)), quantizer)
+    report = annotation_report(prepared, quantizer)
+    assert report.by_quantizer() == {"solo": 2}
+    assert report.quantized == 2 and report.float == 2
