@@ -1,7 +1,7 @@
 """End to end over really installed distributions (tox env `plugins`).
 
-Installed there: quantweave, quantweave-contrib-template (good), qw-fixture-broken (raises
-at import), qw-fixture-incompatible (plugin API 99). Everything goes through the installed
+Installed there: quantweave, quantweave-x86 and quantweave-contrib-template (good),
+qw-fixture-broken (raises at import), qw-fixture-incompatible (plugin API 99). Everything goes through the installed
 entry points and the `quantweave` console script, as a user would see it.
 """
 
@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-FIXTURES = ("quantweave-contrib-template", "qw-fixture-broken", "qw-fixture-incompatible")
+FIXTURES = ("quantweave-x86", "quantweave-contrib-template", "qw-fixture-broken", "qw-fixture-incompatible")
 
 pytestmark = pytest.mark.installed
 
@@ -51,6 +51,7 @@ def test_cli_lists_good_broken_and_incompatible_plugins():
     assert plugins["template"]["distribution"] == "quantweave-contrib-template"
     assert plugins["template"]["version"] == "0.1.0"
     assert plugins["template"]["quantizers"] == ["template"]
+    assert (plugins["x86"]["status"], plugins["x86"]["distribution"]) == ("loaded", "quantweave-x86")
     assert plugins["broken"]["status"] == "failed"
     assert "import failed: ImportError: libbackend.so" in plugins["broken"]["error"]
     assert plugins["incompatible"]["status"] == "failed"
@@ -63,6 +64,8 @@ def test_cli_text_table_and_capabilities():
     assert "template" in text and "failed" in text
     caps = cli("capabilities", "--plugin", "template").stdout.splitlines()
     assert caps[0].split() == ["pattern", "template:template"]
+    everything = cli("capabilities").stdout.splitlines()
+    assert everything[0].split() == ["pattern", "template:template", "x86:x86"]
     rows = {line.split()[0]: line.split()[1] for line in caps[2:]}
     assert rows == {"conv2d": "static", "conv2d_relu": "static", "linear": "static,dynamic", "linear_relu": "static"}
 
@@ -73,6 +76,7 @@ def test_disable_allow_list_and_strict_env_vars():
         "broken": "disabled",
         "incompatible": "disabled",
         "template": "loaded",
+        "x86": "loaded",
     }
     assert "PluginWarning" not in stderr
     plugins, _ = records(QUANTWEAVE_LOAD_PLUGINS="")
@@ -90,8 +94,11 @@ def test_registry_api_in_process():
     manager = qw.PluginManager()  # fresh, over the installed entry points
     with pytest.warns(qw.PluginWarning):
         names = {r.name: r.status for r in manager.plugins()}
-    assert names == {"broken": "failed", "incompatible": "failed", "template": "loaded"}
+    assert names == {"broken": "failed", "incompatible": "failed", "template": "loaded", "x86": "loaded"}
     quantizer = manager.get_quantizer("template", is_dynamic=True)
     assert [c.mode.value for c in quantizer.quantization_capabilities()] == ["dynamic"]
-    with pytest.raises(qw.UnknownQuantizerError, match=r"no quantizer named 'x86'; available: template:template"):
-        manager.get_quantizer("x86")
+    with pytest.raises(
+        qw.UnknownQuantizerError, match=r"no quantizer named 'xnnpack'; available: template:template, x86:x86"
+    ):
+        manager.get_quantizer("xnnpack")
+    assert manager.get_quantizer("x86").name == "x86"

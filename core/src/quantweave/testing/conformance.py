@@ -130,11 +130,19 @@ PROBES: dict[str, ProbeFactory] = {
     "add_relu": lambda: (_Probe(lambda m, x, y: F.relu(x + y)), (torch.randn(2, 8), torch.randn(2, 8))),
     "mul": lambda: (_Probe(lambda m, x, y: x * y), (torch.randn(2, 8), torch.randn(2, 8))),
     "mul_relu": lambda: (_Probe(lambda m, x, y: F.relu(x * y)), (torch.randn(2, 8), torch.randn(2, 8))),
-    "cat": lambda: (_Probe(lambda m, x, y: torch.cat([x, y], 1)), (torch.randn(2, 8), torch.randn(2, 4))),
+    # cat and flatten take quantized producers (and flatten a quantized consumer): backends
+    # that only propagate quantization through these ops (x86) annotate them only then
+    "cat": lambda: (
+        _Probe(lambda m, x: torch.cat([m.conv1(x), m.conv2(x)], 1), conv1=nn.Conv2d(3, 4, 3), conv2=nn.Conv2d(3, 4, 3)),
+        (_img(),),
+    ),
     "max_pool2d": _conv_then(lambda t: F.max_pool2d(t, 2)),
     "avg_pool2d": _conv_then(lambda t: F.avg_pool2d(t, 2)),
     "adaptive_avg_pool2d": _conv_then(lambda t: F.adaptive_avg_pool2d(t, 1)),
-    "flatten": _conv_then(lambda t: torch.flatten(t, 1)),
+    "flatten": lambda: (
+        _Probe(lambda m, x: m.fc(torch.flatten(m.conv(x), 1)), conv=nn.Conv2d(3, 2, 3), fc=nn.Linear(200, 4)),
+        (_img(),),
+    ),
     "relu": lambda: (_Probe(lambda m, x: F.relu(x)), (torch.randn(2, 8),)),
     "hardtanh": lambda: (_Probe(lambda m, x: F.hardtanh(x)), (torch.randn(2, 8),)),
     "sigmoid": lambda: (_Probe(lambda m, x: torch.sigmoid(x)), (torch.randn(2, 8),)),

@@ -1,0 +1,546 @@
+"""X86 Inductor quantizer: the PT2E x86 recipe, matched on aten ops.
+
+The recipe (same semantics as the PT2E/torchao X86InductorQuantizer, so inductor's x86 int8
+passes lower the result):
+
+- conv / linear *inputs* are quantized (uint8 per-tensor affine activations, int8
+  per-channel symmetric weights); their outputs are not — the next quantized op quantizes
+  its own input. Fusion patterns mark their last node as "output of a quantized pattern":
+  conv2d + add (+ relu), conv2d / conv1d + unary, linear + add (+ relu), linear + unary;
+- conv2d + add: the add's other input is quantized too; linear + add: it is not;
+- mul of two same-shape tensors: both inputs quantized;
+- max_pool2d, cat, avg_pool2d, adaptive_avg_pool2d, flatten: quantized only when their
+  inputs come from quantized patterns; their outputs then share their input's observer;
+- matmul: opt-in (``enable_matmul=True`` or ``set_function_type_qconfig(torch.matmul, ...)``).
+
+Unlike the peer, patterns are found on the exported aten graph itself (not through source
+partitions), so they are found under default non-strict ``torch.export``, with functional
+or module activations; standalone conv1d is quantized too. Configs are applied module name
+> operator type > global; ``None`` leaves the matched nodes float and records why in
+``node.meta[quantweave.report.SKIP_REASON_KEY]``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.fx import GraphModule, Node
+
+import quantweave as qw
+from quantweave.capabilities import Capability, Mode, TensorQuant
+from quantweave.observers import HistogramObserver, PerChannelMinMaxObserver, PlaceholderObserver
+from quantweave.report import SKIP_REASON_KEY
+
+__all__ = ["X86InductorQuantizer", "declared_capabilities", "get_default_x86_inductor_quantization_config"]
+
+aten = torch.ops.aten
+KEY = "quantization_annotation"
+
+_CONV2D = aten.conv2d.default
+_CONV1D = aten.conv1d.default
+_LINEAR = aten.linear.default
+_ADD = (aten.add.Tensor,)
+_RELU = (aten.relu.default, aten.relu_.default)
+_CONV_UNARY = (
+    *_RELU,
+    aten.hardtanh.default,
+    aten.hardtanh_.default,
+    aten.relu6.default,
+    aten.hardswish.default,
+    aten.hardswish_.default,
+    aten.silu.default,
+    aten.silu_.default,
+)
+_LINEAR_UNARY = (*_RELU, aten.leaky_relu.default, aten.tanh.default, aten.gelu.default)
+_PROPAGATE = (
+    aten.max_pool2d.default,
+    aten.cat.default,
+    aten.avg_pool2d.default,
+    aten.adaptive_avg_pool2d.default,
+    aten.flatten.using_ints,
+)
+# what the global config quantizes (matmul is opt-in)
+_DEFAULT_QUANTIZABLE = frozenset((_CONV1D, _CONV2D, _LINEAR, aten.mul.Tensor, *_PROPAGATE))
+_QUANTIZABLE = _DEFAULT_QUANTIZABLE | {aten.matmul.default}
+
+# torch callables / modules accepted by set_function_type_qconfig / set_module_type_qconfig
+_OPERATOR_OF: dict[Any, Any] = {
+    torch.nn.Conv1d: _CONV1D,
+    F.conv1d: _CONV1D,
+    torch.nn.Conv2d: _CONV2D,
+    F.conv2d: _CONV2D,
+    torch.nn.Linear: _LINEAR,
+    F.linear: _LINEAR,
+    torch.nn.MaxPool2d: aten.max_pool2d.default,
+    F.max_pool2d: aten.max_pool2d.default,
+    torch.cat: aten.cat.default,
+    torch.nn.AvgPool2d: aten.avg_pool2d.default,
+    F.avg_pool2d: aten.avg_pool2d.default,
+    torch.nn.AdaptiveAvgPool2d: aten.adaptive_avg_pool2d.default,
+    F.adaptive_avg_pool2d: aten.adaptive_avg_pool2d.default,
+    torch.flatten: aten.flatten.using_ints,
+    torch.matmul: aten.matmul.default,
+    torch.mul: aten.mul.Tensor,
+}
+
+
+@dataclass
+class X86Annotation(qw.QuantizationAnnotation):
+    """An annotation that also remembers whether the node ends a quantized pattern."""
+
+    is_output_of_quantized_pattern: bool = False
+
+
+@functools.lru_cache
+def get_default_x86_inductor_quantization_config(
+    is_qat: bool = False, is_dynamic: bool = False, reduce_range: bool = False
+) -> qw.QuantizationConfig:
+    """The x86 recipe: uint8 [0, 255] ([0, 127] with ``reduce_range``) per-tensor affine
+    activations (HistogramObserver; PlaceholderObserver when dynamic), int8 [-128, 127]
+    per-channel symmetric weights (PerChannelMinMaxObserver), float bias."""
+    for name, value in (("is_qat", is_qat), ("is_dynamic", is_dynamic), ("reduce_range", reduce_range)):
+        if not isinstance(value, bool):
+            raise TypeError(f"get_default_x86_inductor_quantization_config: {name} must be a bool; got {value!r}")
+    if is_qat:
+        raise NotImplementedError(
+            "quantweave-x86 does not support QAT yet (conv-bn QAT folding is not implemented); "
+            "use is_qat=False for post-training quantization"
+        )
+    act_observer = PlaceholderObserver if is_dynamic else HistogramObserver
+    act = qw.QuantizationSpec(
+        dtype=torch.uint8,
+        quant_min=0,
+        quant_max=127 if reduce_range else 255,
+        qscheme=torch.per_tensor_affine,
+        is_dynamic=is_dynamic,
+        observer_or_fake_quant_ctr=act_observer.with_args(eps=2**-12),
+    )
+    weight = qw.QuantizationSpec(
+        dtype=torch.int8,
+        quant_min=-128,
+        quant_max=127,
+        qscheme=torch.per_channel_symmetric,
+        ch_axis=0,
+        observer_or_fake_quant_ctr=PerChannelMinMaxObserver.with_args(eps=2**-12),
+    )
+    return qw.QuantizationConfig(act, act, weight, None, is_qat)
+
+
+_STATIC_PATTERNS = (
+    "conv1d",
+    "conv1d_relu",
+    "conv2d",
+    "conv2d_relu",
+    "conv2d_hardtanh",
+    "conv2d_relu6",
+    "conv2d_hardswish",
+    "conv2d_silu",
+    "conv2d_add",
+    "conv2d_add_relu",
+    "linear",
+    "linear_relu",
+    "linear_leaky_relu",
+    "linear_tanh",
+    "linear_gelu",
+    "linear_add",
+    "linear_add_relu",
+    "mul",
+    "cat",
+    "max_pool2d",
+    "avg_pool2d",
+    "adaptive_avg_pool2d",
+    "flatten",
+)
+_WEIGHTED = ("conv", "linear")
+
+
+def declared_capabilities(
+    is_dynamic: bool = False, reduce_range: bool = False, enable_matmul: bool = False
+) -> tuple[Capability, ...]:
+    """What an ``X86InductorQuantizer`` with these options annotates (conformance-tested)."""
+    act = TensorQuant("uint8", 0, 127 if reduce_range else 255, "per_tensor", symmetric=False)
+    weight = TensorQuant("int8", -128, 127, "per_channel", symmetric=True)
+    mode = Mode.DYNAMIC if is_dynamic else Mode.STATIC
+    patterns = _STATIC_PATTERNS + (("matmul",) if enable_matmul else ())
+    return tuple(
+        Capability(p, mode, act, weight if p.startswith(_WEIGHTED) else None, quantizer="x86") for p in patterns
+    )
+
+
+# -- helpers over annotations -----------------------------------------------------------------
+
+
+def _annotation(node: Node) -> Any:
+    return node.meta.get(KEY)
+
+
+def _is_annotated(node: Node) -> bool:
+    annotation = _annotation(node)
+    return annotation is not None and bool(annotation._annotated)
+
+
+def _ends_quantized_pattern(node: Node) -> bool:
+    return _is_annotated(node) and bool(getattr(_annotation(node), "is_output_of_quantized_pattern", False))
+
+
+def _is_float_tensor(arg: Any) -> bool:
+    return isinstance(arg, Node) and isinstance(arg.meta.get("val"), torch.Tensor)
+
+
+Filter = Callable[[list[Node]], bool]
+
+
+def _module_paths(node: Node) -> set[str]:
+    return {path for path, _ in node.meta.get("nn_module_stack", {}).values()}
+
+
+def _module_name_filter(name: str) -> Filter:
+    return lambda nodes: all(name in _module_paths(n) for n in nodes)
+
+
+def _operator_filter(op: Any) -> Filter:
+    return lambda nodes: any(n.target == op for n in nodes)
+
+
+def _global_filter(enable_matmul: bool) -> Filter:
+    quantizable = _QUANTIZABLE if enable_matmul else _DEFAULT_QUANTIZABLE
+    return lambda nodes: sum(n.target in quantizable for n in nodes) == 1
+
+
+@dataclass(frozen=True)
+class _Stage:
+    config: qw.QuantizationConfig | None
+    accepts: Filter
+    description: str
+
+
+class X86InductorQuantizer(qw.Quantizer):
+    """x86 recipe for inductor. Usable as built: the global config is the default recipe.
+
+    ``is_dynamic``: dynamic activations (choose_qparams at run time);
+    ``reduce_range``: activations in [0, 127] (CPUs without VNNI);
+    ``enable_matmul``: also quantize activation x activation matmuls.
+    """
+
+    name = "x86"
+
+    def __init__(self, is_dynamic: bool = False, reduce_range: bool = False, enable_matmul: bool = False) -> None:
+        for option, value in (
+            ("is_dynamic", is_dynamic),
+            ("reduce_range", reduce_range),
+            ("enable_matmul", enable_matmul),
+        ):
+            if not isinstance(value, bool):
+                raise TypeError(f"X86InductorQuantizer: {option} must be a bool; got {value!r}")
+        self.enable_matmul = enable_matmul
+        self.reduce_range = reduce_range
+        self.global_config: qw.QuantizationConfig | None = get_default_x86_inductor_quantization_config(
+            is_dynamic=is_dynamic, reduce_range=reduce_range
+        )
+        self.operator_type_qconfig: dict[Any, qw.QuantizationConfig | None] = {}
+        self.module_name_qconfig: dict[str, qw.QuantizationConfig | None] = {}
+
+    # -- configuration ---------------------------------------------------------------------------
+
+    def _check_mode(self, setter: str, config: qw.QuantizationConfig | None, replacing: object = None) -> None:
+        if config is None:
+            return
+        if not isinstance(config, qw.QuantizationConfig):
+            raise TypeError(f"{setter}: expected a quantweave.QuantizationConfig or None; got {type(config).__name__}")
+        others: list[tuple[str, qw.QuantizationConfig]] = []
+        if self.global_config is not None and replacing != "global":
+            others.append(("set_global", self.global_config))
+        others += [(f"set_module_name_qconfig({n!r})", c) for n, c in self.module_name_qconfig.items() if c is not None]
+        others += [(f"operator {op}", c) for op, c in self.operator_type_qconfig.items() if c is not None]
+        for where, other in others:
+            if where == replacing:
+                continue
+            if other.is_qat != config.is_qat:
+                raise ValueError(
+                    f"{setter}: mixing QAT and post-training configs is not supported; this config has "
+                    f"is_qat={config.is_qat}, {where} has is_qat={other.is_qat}"
+                )
+            mine, theirs = _is_dynamic(config), _is_dynamic(other)
+            if mine is not None and theirs is not None and mine != theirs:
+                raise ValueError(
+                    f"{setter}: mixing static and dynamic configs is not supported; this config has "
+                    f"is_dynamic={mine}, {where} has is_dynamic={theirs}"
+                )
+
+    def set_global(self, quantization_config: qw.QuantizationConfig | None) -> X86InductorQuantizer:
+        """The config for everything not matched by a module name or operator type config."""
+        self._check_mode("set_global", quantization_config, replacing="global")
+        self.global_config = quantization_config
+        return self
+
+    def get_global_quantization_config(self) -> qw.QuantizationConfig | None:
+        return self.global_config
+
+    def set_function_type_qconfig(
+        self, function_type: Callable[..., Any], quantization_config: qw.QuantizationConfig | None
+    ) -> X86InductorQuantizer:
+        """Config for one operator, named by a torch function (``torch.matmul``, ``F.linear``...)."""
+        return self._set_operator("set_function_type_qconfig", function_type, quantization_config)
+
+    def set_module_type_qconfig(
+        self, module_type: type[torch.nn.Module], quantization_config: qw.QuantizationConfig | None
+    ) -> X86InductorQuantizer:
+        """Config for one operator, named by its module type (``torch.nn.Linear``...)."""
+        return self._set_operator("set_module_type_qconfig", module_type, quantization_config)
+
+    def _set_operator(self, setter: str, key: Any, config: qw.QuantizationConfig | None) -> X86InductorQuantizer:
+        op = _OPERATOR_OF.get(key)
+        if op is None:
+            supported = ", ".join(sorted({getattr(k, "__name__", str(k)) for k in _OPERATOR_OF}))
+            raise ValueError(f"{setter}: {key!r} is not an operator the x86 quantizer handles; supported: {supported}")
+        self._check_mode(setter, config, replacing=f"operator {op}")
+        self.operator_type_qconfig[op] = config
+        return self
+
+    def set_module_name_qconfig(
+        self, module_name: str, quantization_config: qw.QuantizationConfig | None
+    ) -> X86InductorQuantizer:
+        """Config for every supported pattern inside the submodule ``module_name`` (e.g. ``"layers.0"``)."""
+        if not isinstance(module_name, str) or not module_name:
+            raise ValueError(f"set_module_name_qconfig: module_name must be a non-empty str; got {module_name!r}")
+        self._check_mode(
+            "set_module_name_qconfig", quantization_config, replacing=f"set_module_name_qconfig({module_name!r})"
+        )
+        self.module_name_qconfig[module_name] = quantization_config
+        return self
+
+    # -- declarations ------------------------------------------------------------------------------
+
+    def quantization_capabilities(self) -> tuple[Capability, ...]:
+        if self.global_config is None:
+            return ()
+        return declared_capabilities(
+            is_dynamic=bool(_is_dynamic(self.global_config)),
+            reduce_range=self.reduce_range,
+            enable_matmul=self.enable_matmul,
+        )
+
+    # -- annotation --------------------------------------------------------------------------------
+
+    def _stages(self) -> list[_Stage]:
+        stages = [
+            _Stage(config, _module_name_filter(name), f"module name {name!r}")
+            for name, config in self.module_name_qconfig.items()
+        ]
+        stages += [
+            _Stage(config, _operator_filter(op), f"operator type {op}")
+            for op, config in self.operator_type_qconfig.items()
+        ]
+        if self.global_config is not None:
+            stages.append(_Stage(self.global_config, _global_filter(self.enable_matmul), "global config"))
+        return stages
+
+    def annotate(self, model: GraphModule) -> GraphModule:
+        for stage in self._stages():
+            _StageAnnotator(stage, matmul=self.enable_matmul or stage.description != "global config").run(model)
+        _share_outputs_of_int8_in_int8_out(model)
+        return model
+
+
+def _is_dynamic(config: qw.QuantizationConfig) -> bool | None:
+    act = config.input_activation
+    return None if act is None else bool(act.is_dynamic)
+
+
+class _StageAnnotator:
+    """Annotates one configuration stage over the whole graph, in the recipe's order."""
+
+    def __init__(self, stage: _Stage, matmul: bool) -> None:
+        self.stage = stage
+        self.matmul = matmul
+        config = stage.config
+        self.act = None if config is None else config.input_activation
+        self.weight = None if config is None else config.weight
+        self.bias = None if config is None else config.bias
+
+    def claim(self, nodes: list[Node]) -> bool:
+        """True when these nodes are free and this stage applies to them; a None config
+        marks them float (later stages then skip them) and returns False."""
+        if any(_is_annotated(n) for n in nodes) or not self.stage.accepts(nodes):
+            return False
+        if self.stage.config is None:
+            for node in nodes:
+                node.meta[KEY] = X86Annotation(_annotated=True)
+                node.meta[SKIP_REASON_KEY] = f"{self.stage.description} configured None"
+            return False
+        return True
+
+    def run(self, gm: GraphModule) -> None:
+        nodes = list(gm.graph.nodes)
+        self.conv_binary(nodes, with_relu=True)
+        self.conv_binary(nodes, with_relu=False)
+        self.conv_unary(nodes)
+        self.standalone(nodes, (_CONV2D, _CONV1D))
+        self.linear_binary(nodes, with_relu=True)
+        self.linear_binary(nodes, with_relu=False)
+        self.linear_unary(nodes)
+        self.standalone(nodes, (_LINEAR,))
+        if self.matmul:
+            self.two_inputs(nodes, aten.matmul.default, same_shape=False)
+        self.two_inputs(nodes, aten.mul.Tensor, same_shape=True)
+        for node in nodes:
+            self.propagate(node)
+
+    # weighted ops
+
+    def weighted(self, node: Node, ends_pattern: bool) -> None:
+        x, weight = node.args[0], node.args[1]
+        input_map: dict[Node, Any] = {}
+        if isinstance(x, Node):
+            input_map[x] = self.act
+        if isinstance(weight, Node):
+            input_map[weight] = self.weight
+        bias = node.args[2] if len(node.args) > 2 else None
+        if isinstance(bias, Node):
+            input_map[bias] = self.bias
+        node.meta[KEY] = X86Annotation(
+            input_qspec_map=input_map, _annotated=True, is_output_of_quantized_pattern=ends_pattern
+        )
+
+    def mark(self, node: Node, input_map: dict[Node, Any] | None = None, ends_pattern: bool = True) -> None:
+        node.meta[KEY] = X86Annotation(
+            input_qspec_map=input_map or {}, _annotated=True, is_output_of_quantized_pattern=ends_pattern
+        )
+
+    @staticmethod
+    def binary_partner(producer: Node) -> tuple[Node, Node] | None:
+        """(add, other input) when ``producer``'s only user is an add of two tensors."""
+        if len(producer.users) != 1:
+            return None
+        (add,) = producer.users
+        if add.op != "call_function" or add.target not in _ADD or len(add.args) < 2:
+            return None
+        if add.args[0] is producer:
+            other = add.args[1]
+        elif add.args[1] is producer:
+            other = add.args[0]
+        else:
+            return None
+        return (add, other) if isinstance(other, Node) else None
+
+    @staticmethod
+    def first_user(node: Node, targets: Iterable[Any]) -> Node | None:
+        targets = tuple(targets)
+        return next((u for u in node.users if u.op == "call_function" and u.target in targets), None)
+
+    def conv_binary(self, nodes: list[Node], with_relu: bool) -> None:
+        for conv in nodes:
+            if conv.target != _CONV2D:
+                continue
+            match = self.binary_partner(conv)
+            if match is None:
+                continue
+            add, other = match
+            relu = self.first_user(add, _RELU) if with_relu else None
+            if with_relu and relu is None:
+                continue
+            pattern = [conv, add] + ([relu] if relu is not None else [])
+            if not self.claim(pattern):
+                continue
+            self.weighted(conv, ends_pattern=False)
+            self.mark(add, {other: self.act}, ends_pattern=relu is None)
+            if relu is not None:
+                self.mark(relu)
+
+    def conv_unary(self, nodes: list[Node]) -> None:
+        for conv in nodes:
+            if conv.target not in (_CONV2D, _CONV1D):
+                continue
+            unary = self.first_user(conv, _CONV_UNARY if conv.target == _CONV2D else _RELU)
+            if unary is None or not self.claim([conv, unary]):
+                continue
+            self.weighted(conv, ends_pattern=False)
+            self.mark(unary)
+
+    def standalone(self, nodes: list[Node], targets: tuple[Any, ...]) -> None:
+        for node in nodes:
+            if node.target in targets and self.claim([node]):
+                self.weighted(node, ends_pattern=True)
+
+    def linear_binary(self, nodes: list[Node], with_relu: bool) -> None:
+        for linear in nodes:
+            if linear.target != _LINEAR:
+                continue
+            match = self.binary_partner(linear)
+            if match is None:
+                continue
+            add, _other = match
+            relu = self.first_user(add, _RELU) if with_relu else None
+            if with_relu and relu is None:
+                continue
+            pattern = [linear, add] + ([relu] if relu is not None else [])
+            if not self.claim(pattern):
+                continue
+            self.weighted(linear, ends_pattern=False)
+            self.mark(add, {}, ends_pattern=relu is None)  # the recipe leaves the other input float
+            if relu is not None:
+                self.mark(relu)
+
+    def linear_unary(self, nodes: list[Node]) -> None:
+        for linear in nodes:
+            if linear.target != _LINEAR:
+                continue
+            unary = self.first_user(linear, _LINEAR_UNARY)
+            if unary is None or not self.claim([linear, unary]):
+                continue
+            self.weighted(linear, ends_pattern=False)
+            self.mark(unary)
+
+    def two_inputs(self, nodes: list[Node], target: Any, same_shape: bool) -> None:
+        for node in nodes:
+            if node.target != target or len(node.args) != 2:
+                continue
+            a, b = node.args
+            if not (_is_float_tensor(a) and _is_float_tensor(b)):
+                continue
+            assert isinstance(a, Node) and isinstance(b, Node)
+            if same_shape and a.meta["val"].shape != b.meta["val"].shape:
+                continue
+            if self.claim([node]):
+                self.mark(node, {a: self.act, b: self.act})
+
+    def propagate(self, node: Node) -> None:
+        if node.op != "call_function" or node.target not in _PROPAGATE or _is_annotated(node):
+            return
+        inputs = node.all_input_nodes
+        if not inputs:
+            return
+        if node.target == aten.cat.default:
+            if not all(_ends_quantized_pattern(i) for i in inputs):
+                return
+        else:
+            if (
+                node.target == aten.flatten.using_ints
+                and node.users
+                and not any(u.target in _QUANTIZABLE for u in node.users)
+            ):
+                return  # nothing quantized consumes the flattened tensor
+            if not _ends_quantized_pattern(inputs[0]):
+                return
+        if not self.claim([node]):
+            return
+        if node.target == aten.cat.default:
+            first = inputs[0]
+            shared = qw.SharedQuantizationSpec((first, node))
+            input_map: dict[Node, Any] = {first: self.act}
+            input_map.update({other: shared for other in inputs[1:]})
+            self.mark(node, input_map)
+        else:
+            self.mark(node, {inputs[0]: self.act})
+
+
+def _share_outputs_of_int8_in_int8_out(gm: GraphModule) -> None:
+    """Propagated ops produce int8 from int8: their output shares their input's observer."""
+    for node in gm.graph.nodes:
+        if node.target in _PROPAGATE and _ends_quantized_pattern(node) and node.all_input_nodes:
+            _annotation(node).output_qspec = qw.SharedQuantizationSpec((node.all_input_nodes[0], node))

@@ -1,0 +1,64 @@
+"""quantweave_x86.lower: compiled int8, no global side effects, callers' inputs untouched."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch._inductor.config as inductor_config
+
+import quantweave as qw
+from quantweave.testing.inspect import sqnr
+from quantweave.testing.models import calibration_batches, encoder_block
+from quantweave_x86 import X86InductorQuantizer, lower
+from tests.conftest import export
+
+
+@pytest.fixture(scope="module")
+def encoder_int8():
+    torch.manual_seed(0)
+    model = encoder_block(d_model=64, heads=4, ff=128)
+    x = torch.randn(1, 16, 64)
+    prepared = qw.prepare_pt2e(export(model, x), X86InductorQuantizer())
+    for (batch,) in calibration_batches(model, 4):
+        prepared(batch)
+    converted = qw.convert_pt2e(prepared)
+    return model, x, converted, lower(converted, (x,))
+
+
+def test_lowered_int8_model_is_accurate(encoder_int8):
+    model, x, converted, lowered = encoder_int8
+    with torch.no_grad():
+        reference = model(x)
+    assert sqnr(reference, lowered(x)) > 25
+    assert sqnr(converted(x), lowered(x)) > 25  # int8 kernels round differently from reference q/dq
+
+
+def test_lowered_model_never_writes_into_the_callers_inputs(encoder_int8):
+    # the encoder's residual `x + proj(y)` lowers to an int8 linear with a fused in-place
+    # 'sum': without protection the compiled code writes the result into x's buffer
+    _, x, _, lowered = encoder_int8
+    original = x.clone()
+    for _ in range(3):
+        lowered(x)
+    assert torch.equal(x, original)
+
+
+def test_lowering_changes_no_global_configuration(encoder_int8):
+    assert inductor_config.freezing is False
+    state = "(c.freezing, c.pre_grad_custom_pass, c.post_grad_custom_pre_pass)"
+    code = f"import torch._inductor.config as c; before = {state}; import quantweave_x86; print(before == {state})"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().endswith("True")
+
+
+def test_lower_rejects_models_that_are_not_converted():
+    class Tiny(torch.nn.Module):
+        def forward(self, x):
+            return x + 1
+
+    gm = export(Tiny(), torch.randn(2))
+    with pytest.raises(ValueError, match=r"lower expects a converted model .* no dequantize node"):
+        lower(gm, (torch.randn(2),))
+    with pytest.raises(TypeError, match=r"lower expects the GraphModule returned by quantweave.convert_pt2e; got Tiny"):
+        lower(Tiny(), (torch.randn(2),))
