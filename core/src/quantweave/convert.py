@@ -100,12 +100,14 @@ def convert_pt2e(model: GraphModule, fold_quantize: bool = True) -> GraphModule:
     _observe_constants(gm, observer_nodes, constant_cache, constant_values)
     _check_calibrated(gm, observer_nodes)
     folded_inputs: list[Node] = []
+    # one observer module may sit at several nodes (sharing); its qparams are computed once
+    qparams_cache: dict[int, tuple[Any, Any]] = {}
     for node in observer_nodes:
         module = gm.get_submodule(str(node.target))
         source = node.args[0]
         assert isinstance(source, Node)
         fold = fold_quantize and is_constant(source, constant_cache)
-        _replace_observer(gm, node, module, fold, constant_values)
+        _replace_observer(gm, node, module, fold, constant_values, qparams_cache)
         if fold:
             folded_inputs.append(source)
     _remove_dead_constants(gm, folded_inputs)
@@ -180,6 +182,7 @@ def _replace_observer(
     module: torch.nn.Module,
     fold: bool,
     constant_values: dict[Node, Any],
+    qparams_cache: dict[int, tuple[Any, Any]],
 ) -> None:
     graph = gm.graph
     _qd = _decomposed_ops()
@@ -220,7 +223,9 @@ def _replace_observer(
         return
 
     q_args: tuple[Any, ...]
-    scale_t, zero_point_t = module.calculate_qparams()  # type: ignore[operator]
+    if id(module) not in qparams_cache:
+        qparams_cache[id(module)] = module.calculate_qparams()  # type: ignore[operator]
+    scale_t, zero_point_t = qparams_cache[id(module)]
     if qscheme in _PER_CHANNEL:
         axis = int(module.ch_axis)  # type: ignore[arg-type]
         scale_name = new_attr_name(gm, f"{name}_scale_")
