@@ -38,13 +38,24 @@ def copy_graph_module(model: GraphModule) -> tuple[GraphModule, dict[Node, Node]
         new_output = graph.output(output_value, type_expr=getattr(old_output, "type", None))
         new_output.meta = copy.copy(old_output.meta)
         node_map[old_output] = new_output
-    result = GraphModule(model, graph)
+    result = _working_module(model, graph)
     result.meta.update(model.meta)
     return result, node_map
 
 
+def _working_module(root: torch.nn.Module, graph: Graph) -> GraphModule:
+    """A GraphModule for work in progress: its Python code is generated on first call, not
+    on construction (most working copies are never called; :func:`rebuild` makes the final,
+    eagerly compiled module)."""
+    try:
+        from torch.fx._lazy_graph_module import _LazyGraphModule
+    except ImportError:  # pragma: no cover - older/newer torch without it: compile eagerly
+        return GraphModule(root, graph)
+    return _LazyGraphModule(root, graph)
+
+
 def rebuild(model: GraphModule) -> GraphModule:
-    """Recompile into a fresh GraphModule holding only the attributes the graph uses."""
+    """Compile into a fresh (eager) GraphModule holding only the attributes the graph uses."""
     model.graph.lint()
     fresh = GraphModule(model, model.graph)
     fresh.meta.update(model.meta)
