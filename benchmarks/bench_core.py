@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-import types
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -28,28 +27,15 @@ import torch
 import quantweave as qw
 from quantweave.testing import models
 from quantweave.testing.inspect import sqnr
-from quantweave.testing.reference import make_reference_quantizer, quantweave_api
+from quantweave.testing.reference import make_reference_quantizer, quantweave_api, torchao_api
 
 warnings.filterwarnings("ignore")
 
 
 def torchao_flow() -> tuple[Any, Callable[..., Any], Callable[..., Any]]:
-    import torchao.quantization.pt2e.observer as obs
-    import torchao.quantization.pt2e.quantizer as q
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    api = types.SimpleNamespace(
-        QuantizationSpec=q.QuantizationSpec,
-        SharedQuantizationSpec=q.SharedQuantizationSpec,
-        FixedQParamsQuantizationSpec=q.FixedQParamsQuantizationSpec,
-        DerivedQuantizationSpec=q.DerivedQuantizationSpec,
-        QuantizationAnnotation=q.QuantizationAnnotation,
-        Quantizer=q.Quantizer,
-        MinMaxObserver=obs.MinMaxObserver,
-        HistogramObserver=obs.HistogramObserver,
-        PerChannelMinMaxObserver=obs.PerChannelMinMaxObserver,
-    )
-    return api, prepare_pt2e, convert_pt2e
+    return torchao_api(), prepare_pt2e, convert_pt2e
 
 
 def measure(

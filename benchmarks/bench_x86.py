@@ -105,13 +105,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="64x64 images, batch 1 and 4, few iterations")
     parser.add_argument("--iters", type=int, default=None)
+    parser.add_argument("--models", nargs="+", choices=("resnet18", "encoder"), default=("resnet18", "encoder"))
+    parser.add_argument("--batches", nargs="+", type=int, default=None, help="batch sizes (default 1 32)")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args(argv)
     image, batches, iters, calib = (64, (1, 4), 5, 2) if args.quick else (224, (1, 32), 30, 8)
+    batches = tuple(args.batches or batches)
     iters = args.iters or iters
     results = []
     started = time.perf_counter()
-    for model in ("resnet18", "encoder"):
+    for model in args.models:
         for batch in batches:
             row = {"model": model, "batch": batch}
             for variant in ("fp32", "quantweave", "torchao"):

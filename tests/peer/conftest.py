@@ -9,20 +9,9 @@ torchao_pt2e = pytest.importorskip(
 
 @pytest.fixture(scope="session")
 def torchao_api() -> types.SimpleNamespace:
-    import torchao.quantization.pt2e.observer as ao_observer
-    import torchao.quantization.pt2e.quantizer as ao_quantizer
+    from quantweave.testing.reference import torchao_api as names
 
-    return types.SimpleNamespace(
-        QuantizationSpec=ao_quantizer.QuantizationSpec,
-        SharedQuantizationSpec=ao_quantizer.SharedQuantizationSpec,
-        FixedQParamsQuantizationSpec=ao_quantizer.FixedQParamsQuantizationSpec,
-        DerivedQuantizationSpec=ao_quantizer.DerivedQuantizationSpec,
-        QuantizationAnnotation=ao_quantizer.QuantizationAnnotation,
-        Quantizer=ao_quantizer.Quantizer,
-        MinMaxObserver=ao_observer.MinMaxObserver,
-        HistogramObserver=ao_observer.HistogramObserver,
-        PerChannelMinMaxObserver=ao_observer.PerChannelMinMaxObserver,
-    )
+    return names()
 
 
 @pytest.fixture(scope="session")

@@ -62,3 +62,16 @@ def test_lower_rejects_models_that_are_not_converted():
         lower(gm, (torch.randn(2),))
     with pytest.raises(TypeError, match=r"lower expects the GraphModule returned by quantweave.convert_pt2e; got Tiny"):
         lower(Tiny(), (torch.randn(2),))
+
+
+def test_int8_mixed_bf16_runs_and_stays_close(encoder_int8):
+    model, x, converted, _ = encoder_int8
+    mixed = lower(converted, (x,), bf16=True)
+    original = x.clone()
+    with torch.no_grad():
+        reference = model(x)
+    out = mixed(x)
+    assert torch.equal(x, original)
+    assert sqnr(reference, out.float()) > 15
+    with pytest.raises(TypeError, match=r"lower: bf16 must be a bool; got 'yes'"):
+        lower(converted, (x,), bf16="yes")

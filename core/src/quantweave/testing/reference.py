@@ -43,16 +43,33 @@ def quantweave_api() -> types.SimpleNamespace:
     import quantweave
     from quantweave import observers
 
+    return _api(quantweave, observers)
+
+
+def torchao_api() -> types.SimpleNamespace:
+    """The same names from torchao (the peer), for parity tests and benchmarks only.
+
+    Imports torchao when called; quantweave itself never needs it.
+    """
+    import torchao.quantization.pt2e.observer as observers
+    import torchao.quantization.pt2e.quantizer as quantizer
+
+    return _api(quantizer, observers)
+
+
+def _api(quantizer_module: Any, observer_module: Any) -> types.SimpleNamespace:
+    names = [
+        "QuantizationSpec",
+        "SharedQuantizationSpec",
+        "FixedQParamsQuantizationSpec",
+        "DerivedQuantizationSpec",
+        "QuantizationAnnotation",
+        "Quantizer",
+    ]
+    observers = ["MinMaxObserver", "HistogramObserver", "PerChannelMinMaxObserver"]
     return types.SimpleNamespace(
-        QuantizationSpec=quantweave.QuantizationSpec,
-        SharedQuantizationSpec=quantweave.SharedQuantizationSpec,
-        FixedQParamsQuantizationSpec=quantweave.FixedQParamsQuantizationSpec,
-        DerivedQuantizationSpec=quantweave.DerivedQuantizationSpec,
-        QuantizationAnnotation=quantweave.QuantizationAnnotation,
-        Quantizer=quantweave.Quantizer,
-        MinMaxObserver=observers.MinMaxObserver,
-        HistogramObserver=observers.HistogramObserver,
-        PerChannelMinMaxObserver=observers.PerChannelMinMaxObserver,
+        **{name: getattr(quantizer_module, name) for name in names},
+        **{name: getattr(observer_module, name) for name in observers},
     )
 
 
@@ -227,4 +244,4 @@ def make_reference_quantizer(api: Any | None = None, **options: Any) -> Any:
     return ReferenceQuantizer()
 
 
-__all__ = ["make_reference_quantizer", "quantweave_api"]
+__all__ = ["make_reference_quantizer", "quantweave_api", "torchao_api"]

@@ -377,13 +377,13 @@ class _StageAnnotator:
 
     def run(self, gm: GraphModule) -> None:
         nodes = list(gm.graph.nodes)
-        self.conv_binary(nodes, with_relu=True)
-        self.conv_binary(nodes, with_relu=False)
-        self.conv_unary(nodes)
+        for with_relu in (True, False):
+            self.binary(nodes, (_CONV2D,), with_relu, quantize_other=True)
+        self.unary(nodes, {_CONV2D: _CONV_UNARY, _CONV1D: _RELU})
         self.standalone(nodes, (_CONV2D, _CONV1D))
-        self.linear_binary(nodes, with_relu=True)
-        self.linear_binary(nodes, with_relu=False)
-        self.linear_unary(nodes)
+        for with_relu in (True, False):
+            self.binary(nodes, (_LINEAR,), with_relu, quantize_other=False)
+        self.unary(nodes, {_LINEAR: _LINEAR_UNARY})
         self.standalone(nodes, (_LINEAR,))
         if self.matmul:
             self.two_inputs(nodes, aten.matmul.default, same_shape=False)
@@ -433,68 +433,42 @@ class _StageAnnotator:
         targets = tuple(targets)
         return next((u for u in node.users if u.op == "call_function" and u.target in targets), None)
 
-    def conv_binary(self, nodes: list[Node], with_relu: bool) -> None:
-        for conv in nodes:
-            if conv.target != _CONV2D:
+    def binary(self, nodes: list[Node], targets: tuple[Any, ...], with_relu: bool, quantize_other: bool) -> None:
+        """conv/linear whose only user is an add (+ relu). The recipe quantizes the add's other
+        input for conv (``quantize_other``) and leaves it float for linear."""
+        for producer in nodes:
+            if producer.target not in targets:
                 continue
-            match = self.binary_partner(conv)
+            match = self.binary_partner(producer)
             if match is None:
                 continue
             add, other = match
             relu = self.first_user(add, _RELU) if with_relu else None
             if with_relu and relu is None:
                 continue
-            pattern = [conv, add] + ([relu] if relu is not None else [])
+            pattern = [producer, add] + ([relu] if relu is not None else [])
             if not self.claim(pattern):
                 continue
-            self.weighted(conv, ends_pattern=False)
-            self.mark(add, {other: self.act}, ends_pattern=relu is None)
+            self.weighted(producer, ends_pattern=False)
+            self.mark(add, {other: self.act} if quantize_other else {}, ends_pattern=relu is None)
             if relu is not None:
                 self.mark(relu)
 
-    def conv_unary(self, nodes: list[Node]) -> None:
-        for conv in nodes:
-            if conv.target not in (_CONV2D, _CONV1D):
+    def unary(self, nodes: list[Node], unaries: dict[Any, tuple[Any, ...]]) -> None:
+        """conv/linear followed by an activation it can fuse (``unaries``: op -> activations)."""
+        for producer in nodes:
+            if producer.target not in unaries:
                 continue
-            unary = self.first_user(conv, _CONV_UNARY if conv.target == _CONV2D else _RELU)
-            if unary is None or not self.claim([conv, unary]):
+            activation = self.first_user(producer, unaries[producer.target])
+            if activation is None or not self.claim([producer, activation]):
                 continue
-            self.weighted(conv, ends_pattern=False)
-            self.mark(unary)
+            self.weighted(producer, ends_pattern=False)
+            self.mark(activation)
 
     def standalone(self, nodes: list[Node], targets: tuple[Any, ...]) -> None:
         for node in nodes:
             if node.target in targets and self.claim([node]):
                 self.weighted(node, ends_pattern=True)
-
-    def linear_binary(self, nodes: list[Node], with_relu: bool) -> None:
-        for linear in nodes:
-            if linear.target != _LINEAR:
-                continue
-            match = self.binary_partner(linear)
-            if match is None:
-                continue
-            add, _other = match
-            relu = self.first_user(add, _RELU) if with_relu else None
-            if with_relu and relu is None:
-                continue
-            pattern = [linear, add] + ([relu] if relu is not None else [])
-            if not self.claim(pattern):
-                continue
-            self.weighted(linear, ends_pattern=False)
-            self.mark(add, {}, ends_pattern=relu is None)  # the recipe leaves the other input float
-            if relu is not None:
-                self.mark(relu)
-
-    def linear_unary(self, nodes: list[Node]) -> None:
-        for linear in nodes:
-            if linear.target != _LINEAR:
-                continue
-            unary = self.first_user(linear, _LINEAR_UNARY)
-            if unary is None or not self.claim([linear, unary]):
-                continue
-            self.weighted(linear, ends_pattern=False)
-            self.mark(unary)
 
     def two_inputs(self, nodes: list[Node], target: Any, same_shape: bool) -> None:
         for node in nodes:
