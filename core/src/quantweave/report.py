@@ -13,6 +13,7 @@ Printable as an aligned table (:meth:`AnnotationReport.to_table`) and as JSON.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -23,41 +24,50 @@ from torch.fx import GraphModule
 
 from .annotation import ANNOTATION_KEY, QuantizationAnnotation
 
-__all__ = ["COMPUTE_OPS", "SKIP_REASON_KEY", "AnnotationReport", "NodeReport", "annotation_report"]
+__all__ = ["SKIP_REASON_KEY", "AnnotationReport", "NodeReport", "annotation_report", "compute_ops"]
 
 #: ``node.meta`` key where a quantizer records, as a string, why it left a node float.
 SKIP_REASON_KEY = "quantweave_skip_reason"
 NO_CLAIM = "no quantizer claims this pattern"
 FUSED = "claimed by a quantizer without quantization specs (fused into a neighbouring pattern)"
 
-_aten = torch.ops.aten
-#: The ops the report lists: compute ops a backend could run quantized.
-COMPUTE_OPS = (
-    _aten.conv1d.default,
-    _aten.conv2d.default,
-    _aten.conv3d.default,
-    _aten.conv_transpose1d.default,
-    _aten.conv_transpose2d.input,
-    _aten.conv_transpose3d.input,
-    _aten.linear.default,
-    _aten.matmul.default,
-    _aten.bmm.default,
-    _aten.mm.default,
-    _aten.addmm.default,
-    _aten.add.Tensor,
-    _aten.mul.Tensor,
-    _aten.cat.default,
-    _aten.max_pool2d.default,
-    _aten.avg_pool2d.default,
-    _aten.adaptive_avg_pool2d.default,
-    _aten.embedding.default,
-    _aten.sigmoid.default,
-    _aten.softmax.int,
-    _aten.relu.default,
-    _aten.hardtanh.default,
-    _aten.gelu.default,
-    _aten.layer_norm.default,
+_COMPUTE_OP_NAMES = (
+    "conv1d.default",
+    "conv2d.default",
+    "conv3d.default",
+    "conv_transpose1d.default",
+    "conv_transpose2d.input",
+    "conv_transpose3d.input",
+    "linear.default",
+    "matmul.default",
+    "bmm.default",
+    "mm.default",
+    "addmm.default",
+    "add.Tensor",
+    "mul.Tensor",
+    "cat.default",
+    "max_pool2d.default",
+    "avg_pool2d.default",
+    "adaptive_avg_pool2d.default",
+    "embedding.default",
+    "sigmoid.default",
+    "softmax.int",
+    "relu.default",
+    "hardtanh.default",
+    "gelu.default",
+    "layer_norm.default",
 )
+
+
+@functools.cache
+def compute_ops() -> frozenset[Any]:
+    """The aten ops the report lists: compute ops a backend could run quantized
+    (resolved on first use, so importing quantweave stays cheap)."""
+    ops = set()
+    for name in _COMPUTE_OP_NAMES:
+        packet, overload = name.split(".")
+        ops.add(getattr(getattr(torch.ops.aten, packet), overload))
+    return frozenset(ops)
 
 
 @dataclass(frozen=True)
@@ -132,8 +142,9 @@ def annotation_report(model: GraphModule, quantizer: object | None = None) -> An
     owners = quantizer.owners if isinstance(quantizer, ComposableQuantizer) else {}
     default = None if quantizer is None else quantizer_label(quantizer)
     reports: list[NodeReport] = []
+    ops = compute_ops()
     for node in model.graph.nodes:
-        if node.op != "call_function" or node.target not in COMPUTE_OPS:
+        if node.op != "call_function" or node.target not in ops:
             continue
         annotation = node.meta.get(ANNOTATION_KEY)
         op = str(node.target)

@@ -1,11 +1,14 @@
 """quantweave-x86: the X86 Inductor quantizer and int8 lowering, as a quantweave plugin.
 
 Importing this package has no global side effects (no inductor configuration is changed);
-:func:`lower` applies freezing only around its own compiled calls.
+:func:`lower` applies freezing only around its own compiled calls. Names are imported on
+first use, so plugin discovery (which only needs the declarations) stays cheap.
 """
 
-from .lower import LoweredModule, lower
-from .quantizer import X86InductorQuantizer, declared_capabilities, get_default_x86_inductor_quantization_config
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __all__ = [
     "LoweredModule",
@@ -14,3 +17,21 @@ __all__ = [
     "get_default_x86_inductor_quantization_config",
     "lower",
 ]
+
+_WHERE = {
+    "LoweredModule": "_lowering",
+    "lower": "_lowering",
+    "X86InductorQuantizer": "quantizer",
+    "get_default_x86_inductor_quantization_config": "quantizer",
+    "declared_capabilities": "_capabilities",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

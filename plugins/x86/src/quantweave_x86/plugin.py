@@ -1,13 +1,27 @@
-"""Entry point of quantweave-x86 (group ``quantweave``, name ``x86``)."""
+"""Entry point of quantweave-x86 (group ``quantweave``, name ``x86``).
+
+Loading the plugin imports only the declarations; the quantizer module is imported when a
+quantizer is first built.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 from quantweave.hookspecs import hookimpl
+from quantweave.quantizer import Quantizer
 from quantweave.registry import QuantizerInfo
 
-from .quantizer import X86InductorQuantizer, declared_capabilities
+from ._capabilities import declared_capabilities
 
 QUANTWEAVE_PLUGIN_API = 1
+
+
+def make_quantizer(**options: Any) -> Quantizer:
+    """Factory registered for ``x86``: ``X86InductorQuantizer(**options)``."""
+    from .quantizer import X86InductorQuantizer
+
+    return X86InductorQuantizer(**options)
 
 
 @hookimpl
@@ -15,7 +29,7 @@ def quantweave_quantizers() -> list[QuantizerInfo]:
     return [
         QuantizerInfo(
             name="x86",
-            factory=X86InductorQuantizer,
+            factory=make_quantizer,
             capabilities=declared_capabilities(is_dynamic=False) + declared_capabilities(is_dynamic=True),
             description="X86 Inductor: uint8 per-tensor activations, int8 per-channel weights; lower() compiles",
             mode_options={"dynamic": {"is_dynamic": True}},

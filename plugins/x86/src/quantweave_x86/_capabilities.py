@@ -1,0 +1,47 @@
+"""What the x86 quantizer declares: cheap to import (the plugin hook needs only this)."""
+
+from __future__ import annotations
+
+from quantweave.capabilities import Capability, Mode, TensorQuant
+
+__all__ = ["declared_capabilities"]
+
+_STATIC_PATTERNS = (
+    "conv1d",
+    "conv1d_relu",
+    "conv2d",
+    "conv2d_relu",
+    "conv2d_hardtanh",
+    "conv2d_relu6",
+    "conv2d_hardswish",
+    "conv2d_silu",
+    "conv2d_add",
+    "conv2d_add_relu",
+    "linear",
+    "linear_relu",
+    "linear_leaky_relu",
+    "linear_tanh",
+    "linear_gelu",
+    "linear_add",
+    "linear_add_relu",
+    "mul",
+    "cat",
+    "max_pool2d",
+    "avg_pool2d",
+    "adaptive_avg_pool2d",
+    "flatten",
+)
+_WEIGHTED = ("conv", "linear")
+
+
+def declared_capabilities(
+    is_dynamic: bool = False, reduce_range: bool = False, enable_matmul: bool = False
+) -> tuple[Capability, ...]:
+    """What an ``X86InductorQuantizer`` with these options annotates (conformance-tested)."""
+    act = TensorQuant("uint8", 0, 127 if reduce_range else 255, "per_tensor", symmetric=False)
+    weight = TensorQuant("int8", -128, 127, "per_channel", symmetric=True)
+    mode = Mode.DYNAMIC if is_dynamic else Mode.STATIC
+    patterns = _STATIC_PATTERNS + (("matmul",) if enable_matmul else ())
+    return tuple(
+        Capability(p, mode, act, weight if p.startswith(_WEIGHTED) else None, quantizer="x86") for p in patterns
+    )
