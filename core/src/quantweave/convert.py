@@ -112,9 +112,7 @@ def convert_pt2e(model: GraphModule, fold_quantize: bool = True) -> GraphModule:
             folded_inputs.append(source)
     _remove_dead_constants(gm, folded_inputs)
     _one_dequantize_per_user(gm)
-    converted = rebuild(gm)
-    converted.meta.pop("_quantweave_is_qat", None)
-    return converted
+    return rebuild(gm)
 
 
 def _observe_constants(
@@ -161,7 +159,8 @@ def _check_calibrated(gm: GraphModule, observer_nodes: list[Node]) -> None:
         )
 
 
-def _qparams(module: torch.nn.Module, name: str) -> tuple[Any, ...]:
+def _quant_settings(module: torch.nn.Module) -> tuple[Any, ...]:
+    """(dtype, qscheme, quant_min, quant_max) of an observer, with torch.q* dtypes unwrapped."""
     dtype: Any = getattr(module, "dtype", None)
     dtype = _UNDERLYING_DTYPE.get(dtype, dtype)
     qscheme = getattr(module, "qscheme", torch.per_tensor_affine)
@@ -189,7 +188,7 @@ def _replace_observer(
     source = node.args[0]
     assert isinstance(source, Node)
     name = str(node.target)
-    dtype, qscheme, quant_min, quant_max = _qparams(module, name)
+    dtype, qscheme, quant_min, quant_max = _quant_settings(module)
     if dtype not in _INTEGER_DTYPES:
         # float "observers" (e.g. a float PlaceholderObserver) mean: leave the tensor as is
         node.replace_all_uses_with(source)

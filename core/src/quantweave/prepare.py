@@ -13,6 +13,7 @@ derived) → ``quantizer.prepare_obs_or_fq_callback`` → observers inserted as
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -79,9 +80,7 @@ def _prepare(model: GraphModule, quantizer: Quantizer, is_qat: bool) -> GraphMod
     observers = build_observers(specs, is_qat=is_qat)
     quantizer.prepare_obs_or_fq_callback(gm, observers)
     _insert_observers(gm, observers)
-    prepared = rebuild(gm)
-    prepared.meta["_quantweave_is_qat"] = is_qat
-    return prepared
+    return rebuild(gm)
 
 
 def _remap_spec(spec: Any, node_map: dict[Node, Node]) -> Any:
@@ -113,13 +112,12 @@ def _remap_existing_annotations(gm: GraphModule, node_map: dict[Node, Node]) -> 
         annotation = node.meta.get(ANNOTATION_KEY)
         if not isinstance(annotation, QuantizationAnnotation):
             continue
-        node.meta[ANNOTATION_KEY] = QuantizationAnnotation(
+        node.meta[ANNOTATION_KEY] = dataclasses.replace(  # keeps subclasses and their fields
+            annotation,
             input_qspec_map={
                 node_map.get(k, k): _remap_spec(v, node_map) for k, v in annotation.input_qspec_map.items()
             },
             output_qspec=_remap_spec(annotation.output_qspec, node_map),
-            allow_implicit_sharing=annotation.allow_implicit_sharing,
-            _annotated=annotation._annotated,
         )
 
 
@@ -146,7 +144,6 @@ def _insert_observers(gm: GraphModule, observers: dict[EdgeOrNode, torch.nn.Modu
         with graph.inserting_after(after):
             node = graph.call_module(name, (after,))
         node.meta["val"] = after.meta.get("val")
-        node.meta["quantweave_observes"] = after.name
         existing[(after, id(observer))] = node
         return node
 
