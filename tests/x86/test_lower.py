@@ -44,6 +44,28 @@ def test_lowered_model_never_writes_into_the_callers_inputs(encoder_int8):
     assert torch.equal(x, original)
 
 
+def test_only_inputs_that_reach_float_ops_are_copied(encoder_int8):
+    _, _, _, lowered = encoder_int8
+    assert lowered.protected_inputs == (0,)  # x feeds layer_norm and the residual add
+
+    class QuantizedOnly(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.fc(x)
+
+    model, x = QuantizedOnly().eval(), torch.randn(2, 8)
+    prepared = qw.prepare_pt2e(export(model, x), X86InductorQuantizer())
+    prepared(x)
+    lowered = lower(qw.convert_pt2e(prepared), (x,))
+    assert lowered.protected_inputs == ()  # x is only quantized: read, never written
+    original = x.clone()
+    lowered(x)
+    assert torch.equal(x, original)
+
+
 def test_lowering_changes_no_global_configuration(encoder_int8):
     assert inductor_config.freezing is False
     state = "(c.freezing, c.pre_grad_custom_pass, c.post_grad_custom_pre_pass)"

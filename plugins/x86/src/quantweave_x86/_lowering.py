@@ -8,7 +8,8 @@ patterns into oneDNN int8 convolutions and linears) and returns a :class:`Lowere
   around the module's own calls; importing this module changes no configuration.
 - The caller's input tensors are never mutated. Inductor's int8 binary fusion can write
   the result of ``x + f(x)`` into ``x``'s buffer when ``x`` is a graph input; the module
-  hands the compiled code private copies of its tensor inputs.
+  hands the compiled code private copies of the inputs that reach any op other than a
+  quantize (an input that is only quantized is only read, and is passed as is).
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-from torch.fx import GraphModule
+from torch.fx import GraphModule, Node
 
-from quantweave.convert import dequantize_ops
+from quantweave.convert import dequantize_ops, quantize_ops
 
 __all__ = ["LoweredModule", "lower"]
 
@@ -28,9 +29,11 @@ __all__ = ["LoweredModule", "lower"]
 class LoweredModule:
     """A compiled quantized model. Call it like the model; inputs are left untouched."""
 
-    def __init__(self, compiled: Any, bf16: bool) -> None:
+    def __init__(self, compiled: Any, bf16: bool, protected_inputs: tuple[int, ...] | None) -> None:
         self._compiled = compiled
         self.bf16 = bf16
+        #: positions of the inputs passed as private copies (None: all tensor inputs)
+        self.protected_inputs = protected_inputs
 
     @contextlib.contextmanager
     def _context(self) -> Iterator[None]:
@@ -44,7 +47,11 @@ class LoweredModule:
             yield
 
     def __call__(self, *args: Any) -> Any:
-        private = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+        protect = self.protected_inputs
+        private = tuple(
+            a.clone() if isinstance(a, torch.Tensor) and (protect is None or i in protect) else a
+            for i, a in enumerate(args)
+        )
         with self._context():
             return self._compiled(*private)
 
@@ -70,6 +77,31 @@ def lower(converted: GraphModule, example_inputs: Sequence[Any], *, bf16: bool =
         )
     example_inputs = tuple(example_inputs)
     program = torch.export.export(converted, example_inputs)
-    lowered = LoweredModule(torch.compile(program.module(), backend="inductor"), bf16)
+    compiled = torch.compile(program.module(), backend="inductor")
+    lowered = LoweredModule(compiled, bf16, _inputs_to_protect(converted, len(example_inputs)))
     lowered(*example_inputs)  # compile now, under freezing
     return lowered
+
+
+def _inputs_to_protect(converted: GraphModule, n_args: int) -> tuple[int, ...] | None:
+    """Positions of the inputs that reach an op other than quantize (or the export guard).
+
+    None (protect every tensor) when the placeholders do not map one to one onto the
+    positional arguments (nested or keyword inputs).
+    """
+    placeholders = [n for n in converted.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != n_args:
+        return None
+    readers = set(quantize_ops()) | {
+        torch.ops.quantized_decomposed.choose_qparams.tensor,
+        torch.ops.quantized_decomposed.choose_qparams_symmetric.tensor,
+    }
+
+    def only_read(node: Node) -> bool:
+        return all(
+            (user.op == "call_function" and user.target in readers)
+            or (user.op == "call_module" and str(user.target) == "_guards_fn")
+            for user in node.users
+        )
+
+    return tuple(i for i, node in enumerate(placeholders) if not only_read(node))
