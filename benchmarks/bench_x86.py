@@ -8,8 +8,10 @@ heads, ff 2048, seq 128), at batch 1 and 32:
 - torchao int8 (its X86InductorQuantizer -> prepare/convert -> torch.compile with freezing),
 
 and prints latency, the ratios quantweave/torchao and fp32/quantweave, and SQNR vs float.
-Every variant runs in its own interpreter: importing torchao's x86 quantizer changes global
-inductor configuration, which must not leak into the other measurements.
+Each (model, batch) runs in one fresh interpreter: fp32 and quantweave are compiled first,
+then torchao is imported (its x86 quantizer installs inductor passes globally) and
+compiled; the three are then timed in interleaved rounds (rotating order) so that machine
+noise hits all three alike, and the median of all timed calls is reported.
 
     python benchmarks/bench_x86.py [--quick] [--iters N] [--json PATH]
 """
@@ -30,96 +32,104 @@ torch.set_num_threads(2)
 from quantweave.testing import models
 from quantweave.testing.inspect import sqnr
 
-model_name, variant = sys.argv[1], sys.argv[3]
-batch, iters, image, calib = (int(v) for v in (sys.argv[2], sys.argv[4], sys.argv[5], sys.argv[6]))
+model_name = sys.argv[1]
+batch, iters, image, calib, rounds = (int(v) for v in sys.argv[2:7])
 if model_name == "resnet18":
     model = models.resnet18_like()
     make = lambda seed: (torch.randn(batch, 3, image, image, generator=torch.Generator().manual_seed(seed)),)
 else:
     model = models.encoder_block(d_model=512, heads=8, ff=2048)
     make = lambda seed: (torch.randn(batch, 128, 512, generator=torch.Generator().manual_seed(seed)),)
-inputs = make(0)
-held_out = make(12345)
+inputs, held_out = make(0), make(12345)
 calibration = [make(100 + i) for i in range(calib)]
 with torch.no_grad():
     reference = model(*held_out)
-timings = {}
+import torch._inductor.config as cfg
+
+def frozen(run):
+    def call(*a):
+        with torch.no_grad(), cfg.patch(freezing=True):
+            return run(*a)
+    return call
+
+variants, build = {}, {}
+# 1. fp32 and quantweave are compiled before torchao is imported: importing torchao's x86
+#    quantizer installs torchao's inductor passes globally, and must not shape our code.
 t0 = time.perf_counter()
-if variant == "fp32":
-    import torch._inductor.config as cfg
-    with torch.no_grad(), cfg.patch(freezing=True):
-        run = torch.compile(torch.export.export(model, inputs).module())
-        run(*inputs)
-    def call(*a):
-        with torch.no_grad(), cfg.patch(freezing=True):
-            return run(*a)
-elif variant == "quantweave":
-    import quantweave as qw
-    import quantweave_x86
-    prepared = qw.prepare_pt2e(torch.export.export(model, inputs).module(), quantweave_x86.X86InductorQuantizer())
-    for b in calibration:
-        prepared(*b)
-    call = quantweave_x86.lower(qw.convert_pt2e(prepared), inputs)
-else:
-    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e, convert_pt2e
-    import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
-    import torch._inductor.config as cfg
-    q = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config())
-    prepared = prepare_pt2e(torch.export.export(model, inputs).module(), q)
-    for b in calibration:
-        prepared(*b)
-    converted = convert_pt2e(prepared)
-    with torch.no_grad(), cfg.patch(freezing=True):
-        run = torch.compile(converted)
-        run(*inputs)
-    def call(*a):
-        with torch.no_grad(), cfg.patch(freezing=True):
-            return run(*a)
-timings["build_s"] = time.perf_counter() - t0
-out = call(*held_out)
-for _ in range(3):
-    call(*inputs)
-samples = []
-for _ in range(iters):
-    t = time.perf_counter()
-    call(*inputs)
-    samples.append(time.perf_counter() - t)
-samples.sort()
-result = {"median_s": samples[len(samples) // 2], "min_s": samples[0], "sqnr_db": sqnr(reference, out)}
-print(json.dumps({**result, **timings}))
+variants["fp32"] = frozen(torch.compile(torch.export.export(model, inputs).module()))
+variants["fp32"](*inputs)
+build["fp32"] = time.perf_counter() - t0
+import quantweave as qw
+import quantweave_x86
+t0 = time.perf_counter()
+prepared = qw.prepare_pt2e(torch.export.export(model, inputs).module(), quantweave_x86.X86InductorQuantizer())
+for b in calibration:
+    prepared(*b)
+variants["quantweave"] = quantweave_x86.lower(qw.convert_pt2e(prepared), inputs)
+build["quantweave"] = time.perf_counter() - t0
+# 2. the peer, compiled the way its documentation shows
+from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e, convert_pt2e
+import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
+t0 = time.perf_counter()
+q = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config())
+prepared = prepare_pt2e(torch.export.export(model, inputs).module(), q)
+for b in calibration:
+    prepared(*b)
+variants["torchao"] = frozen(torch.compile(convert_pt2e(prepared)))
+variants["torchao"](*inputs)
+build["torchao"] = time.perf_counter() - t0
+# 3. interleaved timing: every round times each variant, in rotating order
+samples = {name: [] for name in variants}
+names = list(variants)
+for call in variants.values():
+    for _ in range(2):
+        call(*inputs)
+for r in range(rounds):
+    for name in names[r % len(names):] + names[: r % len(names)]:
+        call = variants[name]
+        for _ in range(iters):
+            t = time.perf_counter()
+            call(*inputs)
+            samples[name].append(time.perf_counter() - t)
+result = {}
+for name, call in variants.items():
+    times = sorted(samples[name])
+    out = call(*held_out)
+    result[name] = {"median_s": times[len(times) // 2], "min_s": times[0], "runs": len(times),
+                    "sqnr_db": sqnr(reference, out.float()), "build_s": build[name]}
+print(json.dumps(result))
 """
 
 
-def run_variant(model: str, batch: int, variant: str, iters: int, image: int, calib: int) -> dict:
+def run_case(model: str, batch: int, iters: int, image: int, calib: int, rounds: int) -> dict:
     proc = subprocess.run(
-        [sys.executable, "-c", WORKER, model, str(batch), variant, str(iters), str(image), str(calib)],
+        [sys.executable, "-c", WORKER, model, str(batch), str(iters), str(image), str(calib), str(rounds)],
         capture_output=True,
         text=True,
     )
     if proc.returncode != 0:
-        return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
+        error = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
+        return {v: {"error": error} for v in ("fp32", "quantweave", "torchao")}
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="64x64 images, batch 1 and 4, few iterations")
-    parser.add_argument("--iters", type=int, default=None)
+    parser.add_argument("--iters", type=int, default=None, help="timed calls per variant per round")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
     parser.add_argument("--models", nargs="+", choices=("resnet18", "encoder"), default=("resnet18", "encoder"))
     parser.add_argument("--batches", nargs="+", type=int, default=None, help="batch sizes (default 1 32)")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args(argv)
-    image, batches, iters, calib = (64, (1, 4), 5, 2) if args.quick else (224, (1, 32), 30, 8)
+    image, batches, iters, calib = (64, (1, 4), 3, 2) if args.quick else (224, (1, 32), 10, 8)
     batches = tuple(args.batches or batches)
-    iters = args.iters or iters
     results = []
     started = time.perf_counter()
     for model in args.models:
         for batch in batches:
-            row = {"model": model, "batch": batch}
-            for variant in ("fp32", "quantweave", "torchao"):
-                n = max(5, iters // 4) if batch > 8 else iters
-                row[variant] = run_variant(model, batch, variant, n, image, calib)
+            n = args.iters or (max(2, iters // 4) if batch > 8 else iters)
+            row = {"model": model, "batch": batch, **run_case(model, batch, n, image, calib, args.rounds)}
             results.append(row)
             print(_format(row), flush=True)
     print(f"total {time.perf_counter() - started:.0f} s")
