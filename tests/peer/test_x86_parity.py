@@ -71,3 +71,41 @@ def test_same_qparams_and_outputs_as_torchao(name, torchao_x86, torchao_flow):
     assert len(ours) > 3
     assert ours == theirs
     assert torch.equal(out, ref), f"max abs difference {(out - ref).abs().max().item()}"
+
+
+# -- QAT -------------------------------------------------------------------------------------------
+
+QAT_CASES = {
+    "resnet18_like": lambda: models.resnet18_like(width=8, num_classes=10),
+    "mobilenet_like": lambda: models.MobileNetLike(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(QAT_CASES))
+def test_qat_same_qparams_and_outputs_as_torchao(name, torchao_x86):
+    """prepare_qat -> three training-mode forward passes (fake-quantizers and batch-norm
+    statistics update) -> convert, on both sides. The peer rewrites conv + batch norm by
+    pattern replacement, which renames the conv nodes, so the q/dq decisions are compared
+    as a multiset (scale, zero point, axis, range, dtype per consumer edge) and the outputs
+    exactly."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_qat_pt2e
+
+    torch.manual_seed(0)
+    model = QAT_CASES[name]().train()
+    inputs = (torch.randn(4, 3, 32, 32),)
+    batches = [(torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(i)),) for i in range(3)]
+    ours = qw.prepare_qat_pt2e(torch.export.export(model, inputs).module(), X86InductorQuantizer(is_qat=True))
+    config = torchao_x86.get_default_x86_inductor_quantization_config(is_qat=True)
+    theirs = prepare_qat_pt2e(
+        torch.export.export(model, inputs).module(), torchao_x86.X86InductorQuantizer().set_global(config)
+    )
+    for batch in batches:
+        ours(*batch)
+        theirs(*batch)
+    converted_ours, converted_theirs = qw.convert_pt2e(ours), convert_pt2e(theirs)
+    summary_ours, summary_theirs = qdq_summary(converted_ours), qdq_summary(converted_theirs)
+    assert len(summary_ours) > 10
+    assert sorted(map(repr, summary_ours.values())) == sorted(map(repr, summary_theirs.values()))
+    assert not any(n.target is torch.ops.aten.batch_norm.default for n in converted_ours.graph.nodes)
+    out, ref = converted_ours(*inputs), converted_theirs(*inputs)
+    assert torch.equal(out, ref), f"max abs difference {(out - ref).abs().max().item()}"

@@ -142,8 +142,17 @@ def test_mixing_static_with_dynamic_is_rejected_with_the_setter_named():
     ):
         quantizer.set_module_name_qconfig("fc", dynamic)
     assert quantizer.set_global(dynamic).global_config is dynamic  # replacing the global is fine
-    with pytest.raises(NotImplementedError, match="QAT"):
-        get_default_x86_inductor_quantization_config(is_qat=True)
+
+
+def test_mixing_qat_with_post_training_is_rejected_with_the_setter_named():
+    quantizer = X86InductorQuantizer(is_qat=True)
+    with pytest.raises(
+        ValueError,
+        match=r"set_module_type_qconfig: mixing QAT and post-training configs is not supported; "
+        r"this config has is_qat=False, set_global has is_qat=True",
+    ):
+        quantizer.set_module_type_qconfig(torch.nn.Linear, get_default_x86_inductor_quantization_config())
+    assert quantizer.operator_type_qconfig == {}  # the rejected config was not stored
 
 
 def test_bad_options_and_unknown_operators_are_clear_errors():
@@ -187,5 +196,5 @@ def test_the_plugin_registers_through_a_fresh_manager():
     assert pm.register("x86", x86_plugin).status == "loaded"
     quantizer = pm.get_quantizer("x86", is_dynamic=True)
     assert isinstance(quantizer, X86InductorQuantizer)
-    assert {c.mode for c in pm.quantization_capabilities(plugin="x86")} == {Mode.STATIC, Mode.DYNAMIC}
+    assert {c.mode for c in pm.quantization_capabilities(plugin="x86")} == {Mode.STATIC, Mode.DYNAMIC, Mode.QAT}
     assert set(declared_capabilities()) <= set(INFO.capabilities)

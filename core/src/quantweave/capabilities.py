@@ -62,8 +62,38 @@ PATTERNS: dict[str, tuple[str, tuple[str, ...]]] = {
         "2-D convolution, add, relu",
         ("aten.conv2d.default", "aten.add.Tensor", "aten.relu.default"),
     ),
-    "conv2d_bn": ("2-D convolution followed by batch norm (QAT)", ("aten.conv2d.default",)),
-    "conv2d_bn_relu": ("2-D convolution, batch norm, relu (QAT)", ("aten.conv2d.default", "aten.relu.default")),
+    "conv2d_bn": (
+        "2-D convolution followed by batch norm (QAT)",
+        ("aten.conv2d.default", "aten.batch_norm.default"),
+    ),
+    "conv2d_bn_relu": (
+        "2-D convolution, batch norm, relu (QAT)",
+        ("aten.conv2d.default", "aten.batch_norm.default", "aten.relu.default"),
+    ),
+    "conv2d_bn_hardtanh": (
+        "2-D convolution, batch norm, hardtanh (QAT)",
+        ("aten.conv2d.default", "aten.batch_norm.default", "aten.hardtanh.default"),
+    ),
+    "conv2d_bn_relu6": (
+        "2-D convolution, batch norm, relu6 (QAT)",
+        ("aten.conv2d.default", "aten.batch_norm.default", "aten.relu6.default", "aten.hardtanh.default"),
+    ),
+    "conv2d_bn_hardswish": (
+        "2-D convolution, batch norm, hardswish (QAT)",
+        ("aten.conv2d.default", "aten.batch_norm.default", "aten.hardswish.default"),
+    ),
+    "conv2d_bn_silu": (
+        "2-D convolution, batch norm, silu (QAT)",
+        ("aten.conv2d.default", "aten.batch_norm.default", "aten.silu.default"),
+    ),
+    "conv2d_bn_add": (
+        "2-D convolution, batch norm, add of another tensor (QAT)",
+        ("aten.conv2d.default", "aten.batch_norm.default", "aten.add.Tensor"),
+    ),
+    "conv2d_bn_add_relu": (
+        "2-D convolution, batch norm, add, relu (QAT)",
+        ("aten.conv2d.default", "aten.batch_norm.default", "aten.add.Tensor", "aten.relu.default"),
+    ),
     "conv_transpose2d": ("2-D transposed convolution", ("aten.conv_transpose2d.input",)),
     "linear": ("fully connected layer", ("aten.linear.default",)),
     "linear_relu": ("linear followed by relu", ("aten.linear.default", "aten.relu.default")),

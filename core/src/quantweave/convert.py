@@ -31,6 +31,7 @@ from ._modules.graph import (
     rebuild,
     set_attr_value,
 )
+from ._modules.qat_conv_bn import fold_simulated_conv_bn
 from .errors import ConvertError, ObserverNotCalibratedError
 from .observers import is_calibrated, is_observer_module
 
@@ -85,13 +86,16 @@ _CHOOSE_QPARAMS = {
 def convert_pt2e(model: GraphModule, fold_quantize: bool = True) -> GraphModule:
     """Replace observers with quantize/dequantize ops and return a new module.
 
-    ``fold_quantize=True`` stores constant inputs (weights) already quantized.
+    After ``prepare_qat_pt2e``, each conv/batch-norm pair rewritten for QAT is folded first
+    (the batch norm's running statistics go into the conv). ``fold_quantize=True`` stores
+    constant inputs (weights) already quantized.
     Raises :class:`ObserverNotCalibratedError` naming every observer that saw no data.
     """
     check_graph_module(model, "convert_pt2e")
     if not isinstance(fold_quantize, bool):
         raise TypeError(f"convert_pt2e: fold_quantize must be a bool; got {fold_quantize!r}")
     gm, _ = copy_graph_module(model)
+    fold_simulated_conv_bn(gm)
     observer_nodes = [
         n for n in gm.graph.nodes if n.op == "call_module" and is_observer_module(gm.get_submodule(str(n.target)))
     ]

@@ -16,6 +16,7 @@ from torch.ao.quantization.fake_quantize import (
     FakeQuantize,
     FakeQuantizeBase,
     FixedQParamsFakeQuantize,
+    FusedMovingAvgObsFakeQuantize,
 )
 from torch.ao.quantization.observer import (
     FixedQParamsObserver,
@@ -34,6 +35,7 @@ __all__ = [
     "FakeQuantizeBase",
     "FixedQParamsFakeQuantize",
     "FixedQParamsObserver",
+    "FusedMovingAvgObsFakeQuantize",
     "HistogramObserver",
     "MinMaxObserver",
     "MovingAverageMinMaxObserver",

@@ -20,7 +20,8 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ._modules.bn_fold import fold_batch_norm
-from ._modules.graph import check_graph_module, copy_graph_module, iter_input_nodes, rebuild
+from ._modules.graph import check_graph_module, copy_graph_module, iter_input_nodes, rebuild, set_attr_value
+from ._modules.qat_conv_bn import simulate_conv_bn
 from ._modules.sharing import build_observers, collect_specs
 from .annotation import (
     ANNOTATION_KEY,
@@ -53,9 +54,13 @@ def prepare_pt2e(model: GraphModule, quantizer: Quantizer) -> GraphModule:
 def prepare_qat_pt2e(model: GraphModule, quantizer: Quantizer) -> GraphModule:
     """Like :func:`prepare_pt2e` but inserts fake-quantize modules for QAT.
 
-    The quantizer's specs must use fake-quantize constructors
-    (``observers.FakeQuantize.with_args(...)``); fixed-qparams specs become
-    ``FixedQParamsFakeQuantize``. Batch norm is *not* folded, so it keeps training.
+    Export the model in training mode. The quantizer's specs must use fake-quantize
+    constructors (``observers.FakeQuantize.with_args(...)``); fixed-qparams specs become
+    ``FixedQParamsFakeQuantize``. Batch norm is *not* folded, so it keeps training: each
+    annotated ``conv -> batch_norm`` is rewritten so that the weight fake-quantizer sees
+    the weight with batch norm folded in, and :func:`quantweave.convert_pt2e` folds it for
+    real. The prepared model owns copies of ``model``'s parameters and buffers, so training
+    it (including batch-norm statistics) leaves ``model`` as it was.
     """
     return _prepare(model, quantizer, is_qat=True)
 
@@ -65,7 +70,9 @@ def _prepare(model: GraphModule, quantizer: Quantizer, is_qat: bool) -> GraphMod
     check_graph_module(model, api)
     gm, node_map = copy_graph_module(model)
     _remap_existing_annotations(gm, node_map)
-    if not is_qat:
+    if is_qat:
+        _own_tensors(gm)
+    else:
         fold_batch_norm(gm)
     transformed = quantizer.transform_for_annotation(gm)
     if not isinstance(transformed, GraphModule):
@@ -76,11 +83,22 @@ def _prepare(model: GraphModule, quantizer: Quantizer, is_qat: bool) -> GraphMod
     gm = transformed
     quantizer.annotate(gm)
     quantizer.validate(gm)
+    if is_qat:
+        simulate_conv_bn(gm)
     specs = collect_specs(gm.graph)
     observers = build_observers(specs, is_qat=is_qat)
     quantizer.prepare_obs_or_fq_callback(gm, observers)
     _insert_observers(gm, observers)
     return rebuild(gm)
+
+
+def _own_tensors(gm: GraphModule) -> None:
+    """Give the copy its own parameters and buffers (QAT trains them in place)."""
+    with torch.no_grad():
+        for name, param in list(gm.named_parameters()):
+            set_attr_value(gm, name, torch.nn.Parameter(param.detach().clone(), requires_grad=param.requires_grad))
+        for name, buffer in list(gm.named_buffers()):
+            set_attr_value(gm, name, buffer.detach().clone())
 
 
 def _remap_spec(spec: Any, node_map: dict[Node, Node]) -> Any:

@@ -7,7 +7,8 @@ pattern, exports it with default (non-strict) ``torch.export``, runs the quantiz
 * the pattern's anchor op is annotated, with the declared activation quantization
   (dtype, range, granularity, symmetry; ``is_dynamic`` for dynamic mode; no activation
   quantization for weight-only) and the declared weight quantization;
-* the quantized model prepares (``prepare_qat_pt2e`` for QAT), runs, and converts;
+* the quantized model prepares (``prepare_qat_pt2e`` for QAT), runs, converts and runs;
+  for a QAT conv + batch norm pattern, convert leaves no batch norm behind;
 * nothing is annotated that the quantizer does not declare: every annotated node in every
   probe (declared or not) must be an op covered by a declared capability of that mode.
 
@@ -73,6 +74,15 @@ def _conv_then(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], tuple
     return lambda: (_Probe(lambda m, x: fn(m.conv(x)), conv=nn.Conv2d(3, 8, 3)), (_img(),))
 
 
+def _conv_bn_then(
+    fn: Callable[[torch.Tensor], torch.Tensor],
+) -> Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]:
+    return lambda: (
+        _Probe(lambda m, x: fn(m.bn(m.conv(x))), conv=nn.Conv2d(3, 8, 3), bn=nn.BatchNorm2d(8)),
+        (_img(),),
+    )
+
+
 def _linear_then(
     fn: Callable[[torch.Tensor], torch.Tensor],
 ) -> Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]:
@@ -103,13 +113,19 @@ PROBES: dict[str, ProbeFactory] = {
         _Probe(lambda m, x, y: F.relu(m.conv(x) + y), conv=nn.Conv2d(3, 8, 3)),
         (_img(), torch.randn(1, 8, 10, 10)),
     ),
-    "conv2d_bn": lambda: (
-        _Probe(lambda m, x: m.bn(m.conv(x)), conv=nn.Conv2d(3, 8, 3), bn=nn.BatchNorm2d(8)),
-        (_img(),),
+    "conv2d_bn": _conv_bn_then(_identity),
+    "conv2d_bn_relu": _conv_bn_then(F.relu),
+    "conv2d_bn_hardtanh": _conv_bn_then(F.hardtanh),
+    "conv2d_bn_relu6": _conv_bn_then(F.relu6),
+    "conv2d_bn_hardswish": _conv_bn_then(F.hardswish),
+    "conv2d_bn_silu": _conv_bn_then(F.silu),
+    "conv2d_bn_add": lambda: (
+        _Probe(lambda m, x, y: m.bn(m.conv(x)) + y, conv=nn.Conv2d(3, 8, 3), bn=nn.BatchNorm2d(8)),
+        (_img(), torch.randn(1, 8, 10, 10)),
     ),
-    "conv2d_bn_relu": lambda: (
-        _Probe(lambda m, x: F.relu(m.bn(m.conv(x))), conv=nn.Conv2d(3, 8, 3), bn=nn.BatchNorm2d(8)),
-        (_img(),),
+    "conv2d_bn_add_relu": lambda: (
+        _Probe(lambda m, x, y: F.relu(m.bn(m.conv(x)) + y), conv=nn.Conv2d(3, 8, 3), bn=nn.BatchNorm2d(8)),
+        (_img(), torch.randn(1, 8, 10, 10)),
     ),
     "conv_transpose2d": lambda: (_Probe(lambda m, x: m.conv(x), conv=nn.ConvTranspose2d(3, 8, 3)), (_img(),)),
     "linear": _linear_then(_identity),
@@ -267,20 +283,23 @@ def _undeclared(gm: GraphModule, covered: set[str], mode: Mode) -> list[str]:
     ]
 
 
-def _run_flow(quantizer: Any, exported: GraphModule, inputs: tuple[torch.Tensor, ...], mode: Mode) -> list[str]:
+def _run_flow(
+    quantizer: Any, exported: GraphModule, inputs: tuple[torch.Tensor, ...], mode: Mode, folds_bn: bool = False
+) -> list[str]:
     try:
         if mode is Mode.QAT:
             prepared = prepare_qat_pt2e(exported, quantizer)
             if not any(isinstance(m, FakeQuantizeBase) for m in prepared.modules()):
                 return ["declared qat, but prepare_qat_pt2e inserted no fake-quantize modules"]
-            prepared(*inputs)
-            return []
-        prepared = prepare_pt2e(exported, quantizer)
+        else:
+            prepared = prepare_pt2e(exported, quantizer)
         prepared(*inputs)
         converted = convert_pt2e(prepared)
         converted(*inputs)
     except Exception as exc:
         return [f"the quantized probe does not run end to end: {type(exc).__name__}: {exc}"]
+    if folds_bn and any(_op_name(n) == "aten.batch_norm.default" for n in converted.graph.nodes):
+        return ["the batch norm of the quantized conv was not folded into it by convert_pt2e"]
     return []
 
 
@@ -302,7 +321,8 @@ def check_capability(info: QuantizerInfo, cap: Capability, plugin: str = "") -> 
     covered = {op for c in info.capabilities if c.mode is cap.mode for op in c.ops}
     failures += [fail(p) for p in _undeclared(annotated, covered, cap.mode)]
     if not failures:
-        failures += [fail(p) for p in _run_flow(quantizer, exported, inputs, cap.mode)]
+        folds_bn = cap.mode is Mode.QAT and "aten.batch_norm.default" in cap.ops
+        failures += [fail(p) for p in _run_flow(quantizer, exported, inputs, cap.mode, folds_bn)]
     return failures
 
 

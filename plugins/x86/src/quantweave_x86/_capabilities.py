@@ -31,17 +31,37 @@ _STATIC_PATTERNS = (
     "adaptive_avg_pool2d",
     "flatten",
 )
+# QAT annotates conv2d + batch norm (+ add (+ relu) / activation) as one pattern, before the rest
+_QAT_BN_PATTERNS = (
+    "conv2d_bn",
+    "conv2d_bn_relu",
+    "conv2d_bn_hardtanh",
+    "conv2d_bn_relu6",
+    "conv2d_bn_hardswish",
+    "conv2d_bn_silu",
+    "conv2d_bn_add",
+    "conv2d_bn_add_relu",
+)
 _WEIGHTED = ("conv", "linear")
 
 
 def declared_capabilities(
-    is_dynamic: bool = False, reduce_range: bool = False, enable_matmul: bool = False
+    is_dynamic: bool = False, reduce_range: bool = False, enable_matmul: bool = False, is_qat: bool = False
 ) -> tuple[Capability, ...]:
-    """What an ``X86InductorQuantizer`` with these options annotates (conformance-tested)."""
+    """What an ``X86InductorQuantizer`` with these options annotates (conformance-tested).
+
+    ``is_qat`` declares the QAT mode: the conv + batch norm patterns, then everything the
+    post-training recipe annotates (with fake-quantizers)."""
     act = TensorQuant("uint8", 0, 127 if reduce_range else 255, "per_tensor", symmetric=False)
     weight = TensorQuant("int8", -128, 127, "per_channel", symmetric=True)
-    mode = Mode.DYNAMIC if is_dynamic else Mode.STATIC
-    patterns = _STATIC_PATTERNS + (("matmul",) if enable_matmul else ())
+    patterns: tuple[str, ...]
+    if is_qat:
+        mode = Mode.QAT
+        patterns = _QAT_BN_PATTERNS + _STATIC_PATTERNS
+    else:
+        mode = Mode.DYNAMIC if is_dynamic else Mode.STATIC
+        patterns = _STATIC_PATTERNS
+    patterns += ("matmul",) if enable_matmul else ()
     return tuple(
         Capability(p, mode, act, weight if p.startswith(_WEIGHTED) else None, quantizer="x86") for p in patterns
     )

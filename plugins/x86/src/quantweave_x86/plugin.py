@@ -30,8 +30,12 @@ def quantweave_quantizers() -> list[QuantizerInfo]:
         QuantizerInfo(
             name="x86",
             factory=make_quantizer,
-            capabilities=declared_capabilities(is_dynamic=False) + declared_capabilities(is_dynamic=True),
+            capabilities=(
+                declared_capabilities(is_dynamic=False)
+                + declared_capabilities(is_dynamic=True)
+                + declared_capabilities(is_qat=True)
+            ),
             description="X86 Inductor: uint8 per-tensor activations, int8 per-channel weights; lower() compiles",
-            mode_options={"dynamic": {"is_dynamic": True}},
+            mode_options={"dynamic": {"is_dynamic": True}, "qat": {"is_qat": True}},
         )
     ]

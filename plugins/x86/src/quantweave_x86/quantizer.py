@@ -33,7 +33,15 @@ from torch.fx import GraphModule, Node
 
 import quantweave as qw
 from quantweave.capabilities import Capability
-from quantweave.observers import HistogramObserver, PerChannelMinMaxObserver, PlaceholderObserver
+from quantweave.observers import (
+    FakeQuantize,
+    FusedMovingAvgObsFakeQuantize,
+    HistogramObserver,
+    MovingAverageMinMaxObserver,
+    MovingAveragePerChannelMinMaxObserver,
+    PerChannelMinMaxObserver,
+    PlaceholderObserver,
+)
 from quantweave.report import SKIP_REASON_KEY
 
 from ._capabilities import declared_capabilities
@@ -104,23 +112,35 @@ def get_default_x86_inductor_quantization_config(
 ) -> qw.QuantizationConfig:
     """The x86 recipe: uint8 [0, 255] ([0, 127] with ``reduce_range``) per-tensor affine
     activations (HistogramObserver; PlaceholderObserver when dynamic), int8 [-128, 127]
-    per-channel symmetric weights (PerChannelMinMaxObserver), float bias."""
+    per-channel symmetric weights (PerChannelMinMaxObserver), float bias.
+
+    ``is_qat=True``: the same ranges through fake-quantizers (FusedMovingAvgObsFakeQuantize,
+    per-channel moving-average weights; dynamic activations: FakeQuantize over a
+    MovingAverageMinMaxObserver with averaging constant 1), for ``prepare_qat_pt2e``."""
     for name, value in (("is_qat", is_qat), ("is_dynamic", is_dynamic), ("reduce_range", reduce_range)):
         if not isinstance(value, bool):
             raise TypeError(f"get_default_x86_inductor_quantization_config: {name} must be a bool; got {value!r}")
-    if is_qat:
-        raise NotImplementedError(
-            "quantweave-x86 does not support QAT yet (conv-bn QAT folding is not implemented); "
-            "use is_qat=False for post-training quantization"
+    act_ctr: Any
+    weight_ctr: Any
+    if is_qat and is_dynamic:
+        act_ctr = FakeQuantize.with_args(
+            eps=2**-12, observer=MovingAverageMinMaxObserver.with_args(averaging_constant=1)
         )
-    act_observer = PlaceholderObserver if is_dynamic else HistogramObserver
+    elif is_qat:
+        act_ctr = FusedMovingAvgObsFakeQuantize.with_args(eps=2**-12)
+    else:
+        act_ctr = (PlaceholderObserver if is_dynamic else HistogramObserver).with_args(eps=2**-12)
+    if is_qat:
+        weight_ctr = FusedMovingAvgObsFakeQuantize.with_args(eps=2**-12, observer=MovingAveragePerChannelMinMaxObserver)
+    else:
+        weight_ctr = PerChannelMinMaxObserver.with_args(eps=2**-12)
     act = qw.QuantizationSpec(
         dtype=torch.uint8,
         quant_min=0,
         quant_max=127 if reduce_range else 255,
         qscheme=torch.per_tensor_affine,
         is_dynamic=is_dynamic,
-        observer_or_fake_quant_ctr=act_observer.with_args(eps=2**-12),
+        observer_or_fake_quant_ctr=act_ctr,
     )
     weight = qw.QuantizationSpec(
         dtype=torch.int8,
@@ -128,7 +148,7 @@ def get_default_x86_inductor_quantization_config(
         quant_max=127,
         qscheme=torch.per_channel_symmetric,
         ch_axis=0,
-        observer_or_fake_quant_ctr=PerChannelMinMaxObserver.with_args(eps=2**-12),
+        observer_or_fake_quant_ctr=weight_ctr,
     )
     return qw.QuantizationConfig(act, act, weight, None, is_qat)
 
@@ -185,14 +205,19 @@ class X86InductorQuantizer(qw.Quantizer):
 
     ``is_dynamic``: dynamic activations (choose_qparams at run time);
     ``reduce_range``: activations in [0, 127] (CPUs without VNNI);
-    ``enable_matmul``: also quantize activation x activation matmuls.
+    ``enable_matmul``: also quantize activation x activation matmuls;
+    ``is_qat``: fake-quantize for ``prepare_qat_pt2e`` (conv + batch norm patterns are
+    annotated whole; ``convert_pt2e`` folds the batch norm).
     """
 
     name = "x86"
 
-    def __init__(self, is_dynamic: bool = False, reduce_range: bool = False, enable_matmul: bool = False) -> None:
+    def __init__(
+        self, is_dynamic: bool = False, reduce_range: bool = False, enable_matmul: bool = False, is_qat: bool = False
+    ) -> None:
         for option, value in (
             ("is_dynamic", is_dynamic),
+            ("is_qat", is_qat),
             ("reduce_range", reduce_range),
             ("enable_matmul", enable_matmul),
         ):
@@ -201,7 +226,7 @@ class X86InductorQuantizer(qw.Quantizer):
         self.enable_matmul = enable_matmul
         self.reduce_range = reduce_range
         self.global_config: qw.QuantizationConfig | None = get_default_x86_inductor_quantization_config(
-            is_dynamic=is_dynamic, reduce_range=reduce_range
+            is_qat=is_qat, is_dynamic=is_dynamic, reduce_range=reduce_range
         )
         self.operator_type_qconfig: dict[Any, qw.QuantizationConfig | None] = {}
         self.module_name_qconfig: dict[str, qw.QuantizationConfig | None] = {}
@@ -284,6 +309,7 @@ class X86InductorQuantizer(qw.Quantizer):
             is_dynamic=bool(_is_dynamic(self.global_config)),
             reduce_range=self.reduce_range,
             enable_matmul=self.enable_matmul,
+            is_qat=self.global_config.is_qat,
         )
 
     # -- annotation --------------------------------------------------------------------------------
@@ -301,9 +327,15 @@ class X86InductorQuantizer(qw.Quantizer):
             stages.append(_Stage(self.global_config, _global_filter(self.enable_matmul), "global config"))
         return stages
 
+    def _is_qat(self) -> bool:
+        configs = [self.global_config, *self.module_name_qconfig.values(), *self.operator_type_qconfig.values()]
+        return any(c is not None and c.is_qat for c in configs)
+
     def annotate(self, model: GraphModule) -> GraphModule:
+        qat = self._is_qat()
         for stage in self._stages():
-            _StageAnnotator(stage, matmul=self.enable_matmul or stage.description != "global config").run(model)
+            matmul = self.enable_matmul or stage.description != "global config"
+            _StageAnnotator(stage, matmul=matmul, qat=qat).run(model)
         _share_outputs_of_int8_in_int8_out(model)
         return model
 
@@ -316,9 +348,10 @@ def _is_dynamic(config: qw.QuantizationConfig) -> bool | None:
 class _StageAnnotator:
     """Annotates one configuration stage over the whole graph, in the recipe's order."""
 
-    def __init__(self, stage: _Stage, matmul: bool) -> None:
+    def __init__(self, stage: _Stage, matmul: bool, qat: bool = False) -> None:
         self.stage = stage
         self.matmul = matmul
+        self.qat = qat
         config = stage.config
         self.act = None if config is None else config.input_activation
         self.weight = None if config is None else config.weight
@@ -338,6 +371,8 @@ class _StageAnnotator:
 
     def run(self, gm: GraphModule) -> None:
         nodes = list(gm.graph.nodes)
+        if self.qat:
+            self.conv_bn(nodes)
         for with_relu in (True, False):
             self.binary(nodes, (_CONV2D,), with_relu, quantize_other=True)
         self.unary(nodes, {_CONV2D: _CONV_UNARY, _CONV1D: _RELU})
@@ -368,9 +403,14 @@ class _StageAnnotator:
             input_qspec_map=input_map, _annotated=True, is_output_of_quantized_pattern=ends_pattern
         )
 
-    def mark(self, node: Node, input_map: dict[Node, Any] | None = None, ends_pattern: bool = True) -> None:
+    def mark(
+        self, node: Node, input_map: dict[Node, Any] | None = None, ends_pattern: bool = True, output: bool = False
+    ) -> None:
         node.meta[KEY] = X86Annotation(
-            input_qspec_map=input_map or {}, _annotated=True, is_output_of_quantized_pattern=ends_pattern
+            input_qspec_map=input_map or {},
+            output_qspec=self.act if output else None,
+            _annotated=True,
+            is_output_of_quantized_pattern=ends_pattern,
         )
 
     @staticmethod
@@ -414,6 +454,43 @@ class _StageAnnotator:
             self.mark(add, {other: self.act} if quantize_other else {}, ends_pattern=relu is None)
             if relu is not None:
                 self.mark(relu)
+
+    def conv_bn(self, nodes: list[Node]) -> None:
+        """QAT: conv2d -> batch norm, then add (+ relu), an activation, or nothing; in that
+        order over the graph. The pattern's last node quantizes its output (the batch norm
+        stays in the graph while training, so the next op's input is not the conv's)."""
+        for kind in ("add_relu", "add", "unary", "alone"):
+            for conv in nodes:
+                if conv.target != _CONV2D or len(conv.users) != 1:
+                    continue
+                (bn,) = conv.users
+                if bn.target != aten.batch_norm.default or bn.args[0] is not conv:
+                    continue
+                if kind in ("add_relu", "add"):
+                    match = self.binary_partner(bn)
+                    if match is None:
+                        continue
+                    add, other = match
+                    relu = self.first_user(add, _RELU) if kind == "add_relu" else None
+                    if kind == "add_relu" and relu is None:
+                        continue
+                    if not self.claim([conv, bn, add] + ([relu] if relu is not None else [])):
+                        continue
+                    self.weighted(conv, ends_pattern=False)
+                    self.mark(bn, ends_pattern=False)
+                    self.mark(add, {other: self.act}, ends_pattern=relu is None, output=relu is None)
+                    if relu is not None:
+                        self.mark(relu, output=True)
+                elif kind == "unary":
+                    activation = self.first_user(bn, _CONV_UNARY)
+                    if activation is None or not self.claim([conv, bn, activation]):
+                        continue
+                    self.weighted(conv, ends_pattern=False)
+                    self.mark(bn, ends_pattern=False)
+                    self.mark(activation, output=True)
+                elif self.claim([conv, bn]):
+                    self.weighted(conv, ends_pattern=False)
+                    self.mark(bn, output=True)
 
     def unary(self, nodes: list[Node], unaries: dict[Any, tuple[Any, ...]]) -> None:
         """conv/linear followed by an activation it can fuse (``unaries``: op -> activations)."""

@@ -1,0 +1,233 @@
+"""prepare_qat_pt2e / convert_pt2e with conv + batch norm: simulate while training, fold at convert."""
+
+import pytest
+import torch
+from torch import nn
+
+import quantweave as qw
+from quantweave.errors import ConvertError
+from quantweave.observers import (
+    FakeQuantize,
+    FakeQuantizeBase,
+    MovingAverageMinMaxObserver,
+    MovingAveragePerChannelMinMaxObserver,
+)
+from quantweave.testing.inspect import sqnr
+
+aten = torch.ops.aten
+# averaging constant 1: qparams follow the latest batch, so a few training steps suffice here
+ACT = qw.QuantizationSpec(
+    dtype=torch.uint8,
+    quant_min=0,
+    quant_max=255,
+    qscheme=torch.per_tensor_affine,
+    observer_or_fake_quant_ctr=FakeQuantize.with_args(
+        observer=MovingAverageMinMaxObserver.with_args(averaging_constant=1)
+    ),
+)
+WEIGHT = qw.QuantizationSpec(
+    dtype=torch.int8,
+    quant_min=-127,
+    quant_max=127,
+    qscheme=torch.per_channel_symmetric,
+    ch_axis=0,
+    observer_or_fake_quant_ctr=FakeQuantize.with_args(
+        observer=MovingAveragePerChannelMinMaxObserver.with_args(averaging_constant=1)
+    ),
+)
+
+
+def _derived_bias_qparams(observers):
+    act, weight = observers
+    act_scale, _ = act.calculate_qparams()
+    weight_scale, _ = weight.calculate_qparams()
+    scale = (act_scale * weight_scale).float()
+    return scale, torch.zeros_like(scale, dtype=torch.int32)
+
+
+class ConvBnQATQuantizer(qw.Quantizer):
+    """conv input and weight (and, with ``quantize_bias``, a derived int32 bias) plus the
+    output of the batch norm (or of the relu after it)."""
+
+    def __init__(self, quantize_bias: bool = False) -> None:
+        self.quantize_bias = quantize_bias
+
+    def annotate(self, model):
+        for conv in model.graph.nodes:
+            if conv.target is not aten.conv2d.default:
+                continue
+            x, weight = conv.args[0], conv.args[1]
+            input_map = {x: ACT, weight: WEIGHT}
+            bias = conv.args[2] if len(conv.args) > 2 else None
+            if self.quantize_bias and bias is not None:
+                input_map[bias] = qw.DerivedQuantizationSpec(
+                    derived_from=[(x, conv), (weight, conv)],
+                    derive_qparams_fn=_derived_bias_qparams,
+                    dtype=torch.int32,
+                    quant_min=-(2**31),
+                    quant_max=2**31 - 1,
+                    qscheme=torch.per_channel_symmetric,
+                    ch_axis=0,
+                )
+            conv.meta["quantization_annotation"] = qw.QuantizationAnnotation(input_qspec_map=input_map, _annotated=True)
+            (bn,) = conv.users
+            last = next(iter(bn.users)) if bn.users and next(iter(bn.users)).target is aten.relu.default else bn
+            last.meta["quantization_annotation"] = qw.QuantizationAnnotation(output_qspec=ACT, _annotated=True)
+        return model
+
+    def validate(self, model):
+        pass
+
+
+class ConvBnReLU(nn.Module):
+    def __init__(self, bias: bool = True, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, bias=bias)
+        # momentum 1: the running statistics are the last batch's, so eval mode normalises
+        # (and the output ranges learnt in training fit) like training did
+        self.bn = nn.BatchNorm2d(8, eps=eps, momentum=1.0)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)))
+
+
+def batches(n=4):
+    return [torch.randn(4, 3, 12, 12, generator=torch.Generator().manual_seed(i)) for i in range(n)]
+
+
+def prepare(model, quantizer=None):
+    torch.manual_seed(0)
+    exported = torch.export.export(model.train(), (torch.randn(4, 3, 12, 12),)).module()
+    return exported, qw.prepare_qat_pt2e(exported, quantizer or ConvBnQATQuantizer())
+
+
+def float_model_of(prepared, model):
+    """``model`` (eval mode) with the prepared model's trained parameters and statistics."""
+    state = {k: v for k, v in prepared.state_dict().items() if k.split(".")[0] in ("conv", "bn")}
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def fake_quant(prepared, enabled):
+    for module in prepared.modules():
+        if isinstance(module, FakeQuantizeBase):
+            module.enable_fake_quant(enabled)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_simulated_conv_bn_computes_what_the_float_model_computes(bias):
+    torch.manual_seed(0)
+    model = ConvBnReLU(bias=bias)
+    _, prepared = prepare(model)
+    assert any(n.target is aten.batch_norm.default for n in prepared.graph.nodes), "batch norm keeps training"
+    fake_quant(prepared, False)
+    reference = ConvBnReLU(bias=bias)
+    reference.load_state_dict(model.state_dict())
+    for x in batches():
+        torch.testing.assert_close(prepared(x), reference.train()(x), rtol=1e-5, atol=1e-5)
+    # the batch-norm statistics moved the same way in both
+    state = dict(prepared.named_buffers())
+    torch.testing.assert_close(state["bn.running_mean"], reference.bn.running_mean)
+    torch.testing.assert_close(state["bn.running_var"], reference.bn.running_var)
+
+
+@pytest.mark.parametrize("eps", [1e-5, 1e-2])
+def test_convert_folds_batch_norm_with_its_own_eps_and_running_statistics(eps):
+    torch.manual_seed(0)
+    model = ConvBnReLU(eps=eps)
+    with torch.no_grad():  # conv outputs with variance ~1e-3 make eps matter (the peer assumes 1e-5)
+        model.conv.weight.mul_(0.05)
+        model.conv.bias.mul_(0.05)
+    _, prepared = prepare(model)
+    for x in batches():
+        prepared(x)
+    converted = qw.convert_pt2e(prepared)
+    assert not any(n.target is aten.batch_norm.default for n in converted.graph.nodes)
+    assert not any(n.target is aten.add_.Tensor for n in converted.graph.nodes), "num_batches_tracked update left"
+    # the float reference in eval mode, with the statistics training produced
+    reference = float_model_of(prepared, ConvBnReLU(eps=eps))
+    x = torch.randn(4, 3, 12, 12)
+    with torch.no_grad():
+        assert sqnr(reference(x), converted(x)) > 30
+        if eps != 1e-5:
+            assumed = float_model_of(prepared, ConvBnReLU(eps=1e-5))
+            assert sqnr(assumed(x), converted(x)) < 20, "folding with eps=1e-5 would be indistinguishable"
+    weights = [v for k, v in converted.named_buffers() if v.dtype == torch.int8]
+    assert weights, "the folded weight is stored as int8"
+
+
+def test_training_the_prepared_model_leaves_the_callers_model_alone():
+    torch.manual_seed(0)
+    exported, prepared = prepare(ConvBnReLU())
+    before = {k: v.clone() for k, v in exported.state_dict().items()}
+    optimizer = torch.optim.SGD(prepared.parameters(), lr=0.1)
+    for x in batches():
+        optimizer.zero_grad()
+        prepared(x).square().mean().backward()
+        optimizer.step()
+    after = exported.state_dict()
+    assert before.keys() == after.keys()
+    for key, value in before.items():
+        assert torch.equal(value, after[key]), f"{key} of the caller's model changed"
+    trained = dict(prepared.named_parameters())["conv.weight"]
+    assert not torch.equal(trained, before["conv.weight"]), "the prepared model's own weight trains"
+
+
+def test_training_reaches_the_converted_weights():
+    torch.manual_seed(0)
+    _, prepared = prepare(ConvBnReLU())
+    for x in batches(2):
+        prepared(x)
+    untrained = qw.convert_pt2e(prepared)
+    optimizer = torch.optim.SGD(prepared.parameters(), lr=0.5)
+    for x in batches(3):
+        optimizer.zero_grad()
+        prepared(x).mean().backward()
+        optimizer.step()
+    trained = qw.convert_pt2e(prepared)
+    x = torch.randn(4, 3, 12, 12)
+    assert not torch.equal(untrained(x), trained(x))
+
+
+def test_a_derived_bias_spec_follows_the_rewritten_weight_edge():
+    torch.manual_seed(0)
+    _, prepared = prepare(ConvBnReLU(bias=True), ConvBnQATQuantizer(quantize_bias=True))
+    conv = next(n for n in prepared.graph.nodes if n.target is aten.conv2d.default)
+    assert conv.args[2] is not None and conv.args[2].op == "call_module", "the (zero) bias is fake-quantized"
+    for x in batches():
+        prepared(x)
+    converted = qw.convert_pt2e(prepared)
+    conv = next(n for n in converted.graph.nodes if n.target is aten.conv2d.default)
+    bias_dq = conv.args[2]
+    assert "dequantize_per_channel" in str(bias_dq.target)
+    assert bias_dq.args[-1] == torch.int32
+    x = torch.randn(4, 3, 12, 12)
+    with torch.no_grad():
+        assert sqnr(float_model_of(prepared, ConvBnReLU(bias=True))(x), converted(x)) > 30
+
+
+def test_convert_names_the_conv_whose_qat_pattern_was_edited():
+    _, prepared = prepare(ConvBnReLU())
+    for x in batches(1):
+        prepared(x)
+    bn = next(n for n in prepared.graph.nodes if n.target is aten.batch_norm.default)
+    bn.replace_all_uses_with(bn.args[0])
+    prepared.graph.erase_node(bn)
+    prepared.recompile()
+    with pytest.raises(
+        ConvertError, match=r"QAT conv-batch-norm pattern of 'conv2d' was changed after prepare_qat_pt2e"
+    ):
+        qw.convert_pt2e(prepared)
+
+
+def test_an_unannotated_conv_bn_is_left_as_exported():
+    class Nothing(qw.Quantizer):
+        def annotate(self, model):
+            return model
+
+        def validate(self, model):
+            pass
+
+    exported, prepared = prepare(ConvBnReLU(), Nothing())
+    ops = lambda gm: [n.target for n in gm.graph.nodes if n.op == "call_function"]  # noqa: E731
+    assert ops(prepared) == ops(exported)
