@@ -7,7 +7,9 @@ heads, ff 2048, seq 128), at batch 1 and 32:
 - quantweave-x86 int8 (X86InductorQuantizer -> prepare/convert -> quantweave_x86.lower),
 - torchao int8 (its X86InductorQuantizer -> prepare/convert -> torch.compile with freezing),
 
-and prints latency, the ratios quantweave/torchao and fp32/quantweave, and SQNR vs float.
+and prints latency, the ratios quantweave/torchao and fp32/quantweave, SQNR vs float, and
+whether inductor generated the same kernels for both int8 models (the extern oneDNN calls
+and the number of fused C++ kernels in the compiled code).
 Each (model, batch) runs in one fresh interpreter: fp32 and quantweave are compiled first,
 then torchao is imported (its x86 quantizer installs inductor passes globally) and
 compiled; the three are then timed in interleaved rounds (rotating order) so that machine
@@ -45,6 +47,21 @@ calibration = [make(100 + i) for i in range(calib)]
 with torch.no_grad():
     reference = model(*held_out)
 import torch._inductor.config as cfg
+import collections, re
+from unittest import mock
+from torch._inductor.graph import GraphLowering
+cfg.fx_graph_cache = False  # every variant's code is generated here (and can be compared)
+
+def kernels(build_and_run):
+    # what inductor generated: extern kernel calls (oneDNN int8 conv/linear...) and the
+    # number of distinct fused C++ kernels (no dynamo reset: compiled variants stay as they are)
+    codes = []
+    with mock.patch.object(GraphLowering, "save_output_code", codes.append):
+        result = build_and_run()
+    code = "\n".join(codes)
+    calls = collections.Counter(re.findall(r"torch\.ops\.(\w+\.\w+)", code))
+    calls.pop("inductor._alloc_from_pool", None)
+    return result, {"extern": dict(sorted(calls.items())), "cpp_kernels": len(set(re.findall(r"cpp_fused_\w+", code)))}
 
 def frozen(run):
     def call(*a):
@@ -65,7 +82,8 @@ t0 = time.perf_counter()
 prepared = qw.prepare_pt2e(torch.export.export(model, inputs).module(), quantweave_x86.X86InductorQuantizer())
 for b in calibration:
     prepared(*b)
-variants["quantweave"] = quantweave_x86.lower(qw.convert_pt2e(prepared), inputs)
+converted = qw.convert_pt2e(prepared)
+variants["quantweave"], code_qw = kernels(lambda: quantweave_x86.lower(converted, inputs))
 build["quantweave"] = time.perf_counter() - t0
 # 2. the peer, compiled the way its documentation shows
 from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e, convert_pt2e
@@ -76,7 +94,7 @@ prepared = prepare_pt2e(torch.export.export(model, inputs).module(), q)
 for b in calibration:
     prepared(*b)
 variants["torchao"] = frozen(torch.compile(convert_pt2e(prepared)))
-variants["torchao"](*inputs)
+_, code_ao = kernels(lambda: variants["torchao"](*inputs))
 build["torchao"] = time.perf_counter() - t0
 # 3. interleaved timing: every round times each variant, in rotating order
 samples = {name: [] for name in variants}
@@ -97,6 +115,7 @@ for name, call in variants.items():
     out = call(*held_out)
     result[name] = {"median_s": times[len(times) // 2], "min_s": times[0], "runs": len(times),
                     "sqnr_db": sqnr(reference, out.float()), "build_s": build[name]}
+result["kernels"] = {"quantweave": code_qw, "torchao": code_ao, "identical": code_qw == code_ao}
 print(json.dumps(result))
 """
 
@@ -109,7 +128,7 @@ def run_case(model: str, batch: int, iters: int, image: int, calib: int, rounds:
     )
     if proc.returncode != 0:
         error = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
-        return {v: {"error": error} for v in ("fp32", "quantweave", "torchao")}
+        return {v: {"error": error} for v in ("fp32", "quantweave", "torchao")} | {"kernels": None}
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -154,6 +173,9 @@ def _format(row: dict) -> str:
         parts.append(
             f"SQNR qw {qw['sqnr_db']:.2f} dB, ao {ao['sqnr_db']:.2f} dB (diff {qw['sqnr_db'] - ao['sqnr_db']:+.2f})"
         )
+    kernels = row.get("kernels")
+    if kernels:
+        parts.append("same inductor kernels" if kernels["identical"] else f"KERNELS DIFFER: {kernels}")
     return " | ".join(parts)
 
 

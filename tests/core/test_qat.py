@@ -231,3 +231,38 @@ def test_an_unannotated_conv_bn_is_left_as_exported():
     exported, prepared = prepare(ConvBnReLU(), Nothing())
     ops = lambda gm: [n.target for n in gm.graph.nodes if n.op == "call_function"]  # noqa: E731
     assert ops(prepared) == ops(exported)
+
+
+class ConvBnDropout(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = ConvBnReLU()
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(self.body(x))
+
+
+def test_moving_a_prepared_model_to_eval_and_back():
+    torch.manual_seed(0)
+    model = ConvBnDropout()
+    _, prepared = prepare(model)
+    for x in batches():
+        prepared(x)
+    x = torch.randn(4, 3, 12, 12)
+    assert qw.move_exported_model_to_eval(prepared) is prepared
+    stats = {k: v.clone() for k, v in prepared.named_buffers() if k.startswith("body.bn")}
+    first, second = prepared(x), prepared(x)
+    assert torch.equal(first, second), "eval mode: no dropout, running statistics"
+    assert all(torch.equal(v, dict(prepared.named_buffers())[k]) for k, v in stats.items() if "running" in k)
+    fake_quant(prepared, False)
+    reference = ConvBnDropout()
+    reference.load_state_dict({k: v for k, v in prepared.state_dict().items() if k.startswith("body.")})
+    torch.testing.assert_close(prepared(x), reference.eval()(x), rtol=1e-5, atol=1e-5)
+    qw.move_exported_model_to_train(prepared)
+    assert not torch.equal(prepared(x), prepared(x)), "train mode: dropout is back"
+
+
+def test_mode_helpers_reject_what_is_not_an_exported_module():
+    with pytest.raises(TypeError, match=r"move_exported_model_to_eval expects a torch.fx.GraphModule.*got Linear"):
+        qw.move_exported_model_to_eval(nn.Linear(2, 2))

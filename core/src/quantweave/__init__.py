@@ -34,6 +34,7 @@ from .prepare import prepare_pt2e, prepare_qat_pt2e
 from .quantizer import Quantizer
 from .registry import PluginManager, QuantizerInfo, get_quantizer, plugins, quantization_capabilities
 from .report import annotation_report
+from .training import move_exported_model_to_eval, move_exported_model_to_train
 
 __version__ = "0.1.0"
 
@@ -74,6 +75,8 @@ __all__ = [
     "get_output_act_qspec",
     "get_weight_qspec",
     "is_annotated",
+    "move_exported_model_to_eval",
+    "move_exported_model_to_train",
     "prepare_pt2e",
     "prepare_qat_pt2e",
 ]

@@ -1,0 +1,54 @@
+"""Switch an exported (or QAT-prepared) model between training and evaluation behaviour.
+
+``model.eval()`` / ``model.train()`` do nothing useful on the output of
+``torch.export.export(...).module()``: the mode of batch norm and dropout was traced into
+the graph as an argument. These functions rewrite that argument, in place, like
+``nn.Module.train()`` changes a module (same names as the PT2E helpers, so code ports by
+changing imports). Typical use: evaluate a QAT-prepared model between training epochs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.fx import GraphModule
+
+from ._modules.graph import check_graph_module
+
+__all__ = ["move_exported_model_to_eval", "move_exported_model_to_train"]
+
+aten = torch.ops.aten
+# op -> index of its "training" argument
+_MODE_ARGUMENT = {
+    aten.batch_norm.default: 5,
+    aten.dropout.default: 2,
+    aten.feature_dropout.default: 2,
+    aten.alpha_dropout.default: 2,
+    aten.feature_alpha_dropout.default: 2,
+}
+
+
+def _set_mode(model: GraphModule, training: bool, api: str) -> GraphModule:
+    check_graph_module(model, api)
+    changed = False
+    for node in model.graph.nodes:
+        index = _MODE_ARGUMENT.get(node.target) if node.op == "call_function" else None
+        if index is None or len(node.args) <= index or node.args[index] == training:
+            continue
+        args = list(node.args)
+        args[index] = training
+        node.args = tuple(args)
+        changed = True
+    if changed:
+        model.recompile()
+    model.training = training
+    return model
+
+
+def move_exported_model_to_eval(model: GraphModule) -> GraphModule:
+    """Batch norm normalises with running statistics and dropout is off; returns ``model``."""
+    return _set_mode(model, False, "move_exported_model_to_eval")
+
+
+def move_exported_model_to_train(model: GraphModule) -> GraphModule:
+    """Batch norm uses (and updates) batch statistics and dropout is on; returns ``model``."""
+    return _set_mode(model, True, "move_exported_model_to_train")
