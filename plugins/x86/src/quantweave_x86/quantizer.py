@@ -11,7 +11,11 @@ passes lower the result):
 - mul of two same-shape tensors: both inputs quantized;
 - max_pool2d, cat, avg_pool2d, adaptive_avg_pool2d, flatten: quantized only when their
   inputs come from quantized patterns; their outputs then share their input's observer;
-- matmul: opt-in (``enable_matmul=True`` or ``set_function_type_qconfig(torch.matmul, ...)``).
+- matmul: opt-in (``enable_matmul=True`` or ``set_function_type_qconfig(torch.matmul, ...)``);
+- QAT (``is_qat=True``): conv2d + batch norm, alone or followed by add (+ relu) or by one of
+  the conv activations, is annotated first as one pattern whose last node fake-quantizes
+  its output (batch norm stays in the graph while training); ``prepare_qat_pt2e`` and
+  ``convert_pt2e`` simulate and then fold the batch norm.
 
 Unlike the peer, patterns are found on the exported aten graph itself (not through source
 partitions), so they are found under default non-strict ``torch.export``, with functional
