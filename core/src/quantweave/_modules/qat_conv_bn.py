@@ -191,6 +191,7 @@ def fold_simulated_conv_bn(gm: GraphModule) -> int:
     """
     graph = gm.graph
     by_name = {n.name: n for n in graph.nodes}
+    get_attrs = {str(n.target): n for n in graph.nodes if n.op == "get_attr"}
     folded = 0
     for conv in list(graph.nodes):
         record = conv.meta.get(QAT_CONV_BN_KEY)
@@ -246,7 +247,7 @@ def fold_simulated_conv_bn(gm: GraphModule) -> int:
         bn.replace_all_uses_with(conv)
         dead = [*bn.all_input_nodes, scaled_weight, *([zero_bias] if zero_bias is not None else [])]
         graph.erase_node(bn)
-        _drop_batch_counter(gm, str(record["running_mean"]))
+        _drop_batch_counter(gm, get_attrs, str(record["running_mean"]))
         _erase_dead(gm, dead)
         del conv.meta[QAT_CONV_BN_KEY]
         folded += 1
@@ -269,14 +270,18 @@ def _erase_dead(gm: GraphModule, roots: list[Node]) -> None:
         pending.extend(inputs)
 
 
-def _drop_batch_counter(gm: GraphModule, running_mean: str) -> None:
-    """Erase ``num_batches_tracked.add_(1)`` of the batch norm owning ``running_mean``."""
+def _drop_batch_counter(gm: GraphModule, get_attrs: dict[str, Node], running_mean: str) -> None:
+    """Erase ``num_batches_tracked.add_(1)`` of the batch norm owning ``running_mean``.
+
+    ``get_attrs`` maps attribute targets to their get_attr node (one lookup, not a scan of
+    the graph per batch norm).
+    """
     prefix = running_mean.rpartition(".")[0]
-    counter = f"{prefix}.num_batches_tracked" if prefix else "num_batches_tracked"
-    for node in list(gm.graph.nodes):
-        if node.op == "get_attr" and node.target == counter:
-            for user in list(node.users):
-                if user.op == "call_function" and user.target is aten.add_.Tensor and not user.users:
-                    gm.graph.erase_node(user)
-            if not node.users:
-                gm.graph.erase_node(node)
+    node = get_attrs.pop(f"{prefix}.num_batches_tracked" if prefix else "num_batches_tracked", None)
+    if node is None:
+        return
+    for user in list(node.users):
+        if user.op == "call_function" and user.target is aten.add_.Tensor and not user.users:
+            gm.graph.erase_node(user)
+    if not node.users:
+        gm.graph.erase_node(node)
