@@ -63,7 +63,7 @@ def test_plugins_table(capsys, pm):
     assert lines[2].split() == ["alpha", "loaded", "qw-alpha", "1.2.0", "a"]
     assert lines[3].split() == ["beta", "loaded", "-", "-", "b"]
     assert lines[4].startswith("gamma") and "failed" in lines[4]
-    assert "declares plugin API 7, but this quantweave implements plugin API 1" in lines[4]
+    assert "declares plugin API 7, but this quantweave implements plugin API 2" in lines[4]
 
 
 def test_plugins_json(capsys, pm):

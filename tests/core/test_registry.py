@@ -78,7 +78,7 @@ def test_loading_is_lazy(make_plugin, tmp_path):
         ("raise ImportError('missing native lib')", r"import failed: ImportError: missing native lib"),
         ("import sys; sys.exit(3)", r"import failed: SystemExit: 3"),
         ("x = 1", r"does not declare QUANTWEAVE_PLUGIN_API"),
-        ("QUANTWEAVE_PLUGIN_API = 99", r"declares plugin API 99, but this quantweave implements plugin API 1"),
+        ("QUANTWEAVE_PLUGIN_API = 99", r"declares plugin API 99, but this quantweave implements plugin API 2"),
         (
             "from quantweave.hookspecs import hookimpl\nQUANTWEAVE_PLUGIN_API = 1\n"
             "@hookimpl\ndef quantweave_quantizer():\n    return []\n",

@@ -1,4 +1,12 @@
-"""quantweave: PT2E quantization on public torch, with composable quantizer plugins."""
+"""quantweave: PT2E quantization on public torch, with composable quantizer plugins.
+
+This module only re-exports. The plugin loader (:mod:`quantweave.registry`, which imports
+pluggy) is imported on first use of one of its names, so ``import quantweave`` and
+``import quantweave.plugin_api`` import no plugin and no plugin manager.
+"""
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from .annotation import (
     DerivedQuantizationSpec,
@@ -29,14 +37,25 @@ from .errors import (
     SharingError,
     UnknownQuantizerError,
 )
-from .hookspecs import hookimpl
+from .plugin_api import QuantizerInfo, hookimpl
 from .prepare import prepare_pt2e, prepare_qat_pt2e
 from .quantizer import Quantizer
-from .registry import PluginManager, QuantizerInfo, get_quantizer, plugins, quantization_capabilities
 from .report import annotation_report
 from .training import move_exported_model_to_eval, move_exported_model_to_train
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:
+    from .registry import PluginManager, get_quantizer, plugins, quantization_capabilities
+
+__version__ = "0.1.1"
+
+_LAZY = {name: "registry" for name in ("PluginManager", "get_quantizer", "plugins", "quantization_capabilities")}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "AnnotationConflictError",

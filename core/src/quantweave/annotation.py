@@ -42,10 +42,22 @@ __all__ = [
     "annotate_input_qspec_map",
     "annotate_output_qspec",
     "is_annotated",
+    "mark_annotated",
+    "set_skip_reason",
+    "ANNOTATED_BY_KEY",
+    "SKIP_REASON_KEY",
 ]
+
+# -- the annotation protocol: the node.meta keys quantizers, prepare, compose and the report share
 
 #: ``node.meta`` key holding a node's :class:`QuantizationAnnotation` (same key as PT2E).
 ANNOTATION_KEY = "quantization_annotation"
+#: ``node.meta`` key where a quantizer records, as a string, why it left a node float
+#: (written with :func:`set_skip_reason`; read by :func:`quantweave.annotation_report`).
+SKIP_REASON_KEY = "quantweave_skip_reason"
+#: ``node.meta`` key naming the quantizer that claimed the node (written by
+#: :func:`mark_annotated` and by ``ComposableQuantizer`` for its members).
+ANNOTATED_BY_KEY = "quantweave_annotated_by"
 
 #: An input edge ``(producer, consumer)`` or a node (meaning: that node's output).
 EdgeOrNode = tuple[Node, Node] | Node
@@ -302,6 +314,29 @@ def annotate_input_qspec_map(node: Node, input_node: Node, qspec: QuantizationSp
 def annotate_output_qspec(node: Node, qspec: QuantizationSpecBase | None) -> None:
     """Set the output spec of ``node``, creating the annotation if needed."""
     _annotation_of(node).output_qspec = qspec
+
+
+def mark_annotated(nodes: Node | Sequence[Node], by: str | None = None) -> None:
+    """Claim ``nodes``: later quantizers (and composed members) leave them alone.
+
+    Creates an empty annotation on a node that has none (a node fused into a pattern
+    whose quantization specs sit on its neighbours). ``by`` names the quantizer in the
+    annotation report; a ``ComposableQuantizer`` fills it in for its members."""
+    if isinstance(nodes, Node):
+        nodes = [nodes]
+    for node in nodes:
+        if not isinstance(node, Node):
+            raise TypeError(f"mark_annotated expects torch.fx.Node objects; got {type(node).__name__}")
+        _annotation_of(node)._annotated = True
+        if by is not None:
+            node.meta[ANNOTATED_BY_KEY] = by
+
+
+def set_skip_reason(node: Node, reason: str) -> None:
+    """Record why a quantizer left ``node`` float (shown by the annotation report)."""
+    if not isinstance(reason, str) or not reason:
+        raise TypeError(f"set_skip_reason: reason must be a non-empty string; got {reason!r}")
+    node.meta[SKIP_REASON_KEY] = reason
 
 
 def is_annotated(nodes: Node | Sequence[Node]) -> bool:

@@ -13,7 +13,8 @@ from what is declared.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -23,7 +24,9 @@ __all__ = [
     "Capability",
     "Mode",
     "PATTERNS",
+    "PatternSpec",
     "TensorQuant",
+    "core_patterns",
     "tensor_quant_from_spec",
 ]
 
@@ -119,6 +122,62 @@ PATTERNS: dict[str, tuple[str, tuple[str, ...]]] = {
     "embedding": ("embedding table lookup (weight)", ("aten.embedding.default",)),
 }
 
+_PATTERN_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_OP_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+$")
+
+#: A probe: a factory of (model, example inputs) containing one instance of a pattern.
+ProbeFactory = Callable[[], tuple[torch.nn.Module, tuple[Any, ...]]]
+
+
+@dataclass(frozen=True)
+class PatternSpec:
+    """One pattern of the vocabulary: a name, what it is, the aten ops that anchor it
+    (the first is the anchor the conformance kit checks), and a probe model factory.
+
+    Core patterns have ``origin="core"``; a plugin contributes its own through the
+    ``quantweave_patterns`` hook (plugin API 2) and the registry sets ``origin`` to the
+    plugin's name. Ops are written ``"<namespace>.<op>.<overload>"`` (``"aten.conv3d.default"``).
+    """
+
+    name: str
+    description: str
+    ops: tuple[str, ...]
+    probe: ProbeFactory | None = field(default=None, compare=False)
+    origin: str = "core"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _PATTERN_NAME.match(self.name):
+            raise ValueError(
+                f"PatternSpec: name must be lower-case letters, digits and '_', starting with a letter; "
+                f"got {self.name!r}"
+            )
+        ops = tuple(self.ops) if isinstance(self.ops, (list, tuple)) else None
+        if not ops or not all(isinstance(op, str) and _OP_NAME.match(op) for op in ops):
+            raise ValueError(
+                f"PatternSpec {self.name!r}: ops must be a non-empty sequence of op names like "
+                f"'aten.conv3d.default'; got {self.ops!r}"
+            )
+        object.__setattr__(self, "ops", ops)
+        if self.probe is not None and not callable(self.probe):
+            raise ValueError(f"PatternSpec {self.name!r}: probe must be a callable; got {self.probe!r}")
+
+    @property
+    def anchor(self) -> str:
+        return self.ops[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "ops": list(self.ops), "origin": self.origin}
+
+
+def core_patterns() -> dict[str, PatternSpec]:
+    """The core vocabulary as :class:`PatternSpec` records, probes included."""
+    from .testing.conformance import PROBES
+
+    return {
+        name: PatternSpec(name, description, ops, PROBES.get(name)) for name, (description, ops) in PATTERNS.items()
+    }
+
+
 _GRANULARITIES = ("per_tensor", "per_channel", "per_channel_float_qparams")
 _DTYPES = ("uint8", "int8", "uint16", "int16", "int32")
 
@@ -202,10 +261,13 @@ class Capability:
     notes: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        if self.pattern not in PATTERNS:
+        if not isinstance(self.pattern, str) or not _PATTERN_NAME.match(self.pattern):
+            raise ValueError(f"Capability: pattern must be a pattern name like 'conv2d_relu'; got {self.pattern!r}")
+        if self.pattern not in PATTERNS and not self.ops:
             raise ValueError(
-                f"Capability: unknown pattern {self.pattern!r}; expected one of the vocabulary "
-                f"quantweave.capabilities.PATTERNS ({', '.join(sorted(PATTERNS))})"
+                f"Capability: unknown pattern {self.pattern!r}; expected one of the core vocabulary "
+                f"quantweave.capabilities.PATTERNS ({', '.join(sorted(PATTERNS))}), or a pattern a plugin "
+                "contributes (quantweave_patterns hook) with its ops given"
             )
         try:
             object.__setattr__(self, "mode", Mode(self.mode))
@@ -214,6 +276,7 @@ class Capability:
             raise ValueError(f"Capability {self.pattern!r}: mode must be one of {modes}; got {self.mode!r}") from None
         if not self.ops:
             object.__setattr__(self, "ops", PATTERNS[self.pattern][1])
+        object.__setattr__(self, "ops", tuple(self.ops))
         if self.mode is Mode.WEIGHT_ONLY and self.activation is not None:
             raise ValueError(f"Capability {self.pattern!r}: weight_only declares no activation quantization")
         if self.mode is not Mode.WEIGHT_ONLY and self.activation is None:

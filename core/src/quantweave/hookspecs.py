@@ -33,18 +33,15 @@ from typing import TYPE_CHECKING
 
 import pluggy
 
+from .plugin_api import PLUGIN_API_VERSION, PROJECT, hookimpl
+
 if TYPE_CHECKING:
-    from .registry import QuantizerInfo
+    from .plugin_api import QuantizerInfo
 
 __all__ = ["PLUGIN_API_VERSION", "PROJECT", "hookimpl", "hookspec", "QuantweaveHookSpecs"]
 
-#: The entry-point group and pluggy project name.
-PROJECT = "quantweave"
-#: The plugin-API version this core implements. Plugins declare ``QUANTWEAVE_PLUGIN_API``.
-PLUGIN_API_VERSION = 1
 
 hookspec = pluggy.HookspecMarker(PROJECT)
-hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 class QuantweaveHookSpecs:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import re
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -30,7 +29,8 @@ import pluggy
 
 from .capabilities import Capability, Mode, sort_capabilities
 from .errors import PluginError, PluginWarning, UnknownQuantizerError
-from .hookspecs import PLUGIN_API_VERSION, PROJECT, QuantweaveHookSpecs
+from .hookspecs import QuantweaveHookSpecs
+from .plugin_api import PLUGIN_API_VERSION, PROJECT, QuantizerInfo
 from .quantizer import Quantizer
 
 __all__ = [
@@ -46,54 +46,6 @@ __all__ = [
 ENV_DISABLE = "QUANTWEAVE_DISABLE_PLUGINS"
 ENV_LOAD = "QUANTWEAVE_LOAD_PLUGINS"
 ENV_STRICT = "QUANTWEAVE_STRICT_PLUGINS"
-
-_NAME = re.compile(r"^[a-z][a-z0-9_.-]*$")
-
-
-@dataclass(frozen=True)
-class QuantizerInfo:
-    """A quantizer a plugin provides.
-
-    ``factory(**options)`` builds a configured :class:`~quantweave.Quantizer`.
-    ``capabilities`` are the declared (pattern, mode) records; they must pass the
-    conformance kit. ``mode_options`` gives, for each declared mode other than ``static``,
-    the factory options that configure the quantizer for that mode
-    (e.g. ``{"dynamic": {"is_dynamic": True}}``).
-    """
-
-    name: str
-    factory: Callable[..., Quantizer]
-    capabilities: tuple[Capability, ...] = ()
-    description: str = ""
-    mode_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _NAME.match(self.name):
-            raise ValueError(
-                f"QuantizerInfo: name must be lower-case letters, digits, '_', '-' or '.', starting with a "
-                f"letter; got {self.name!r}"
-            )
-        if not callable(self.factory):
-            raise ValueError(f"QuantizerInfo {self.name!r}: factory must be callable; got {self.factory!r}")
-        caps = tuple(self.capabilities)
-        for cap in caps:
-            if not isinstance(cap, Capability):
-                raise ValueError(
-                    f"QuantizerInfo {self.name!r}: capabilities must be Capability records; got {type(cap).__name__}"
-                )
-        object.__setattr__(self, "capabilities", caps)
-        modes = {Mode(m) for m in self.mode_options}  # raises ValueError for an unknown mode
-        for cap in caps:
-            if cap.mode is not Mode.STATIC and cap.mode not in modes:
-                raise ValueError(
-                    f"QuantizerInfo {self.name!r}: declares {cap.pattern} in mode {cap.mode} but mode_options "
-                    f"has no {cap.mode.value!r} entry saying how to configure the quantizer for it"
-                )
-
-    def options_for(self, mode: Mode | str) -> dict[str, Any]:
-        """Factory options that configure this quantizer for ``mode``."""
-        return dict(self.mode_options.get(Mode(mode).value, {}))
-
 
 @dataclass(frozen=True)
 class PluginRecord:
@@ -209,7 +161,7 @@ class PluginManager:
         api = getattr(plugin, "QUANTWEAVE_PLUGIN_API", None)
         if api is None:
             return self._fail(name, where, "does not declare QUANTWEAVE_PLUGIN_API (the plugin-API version it targets)")
-        if not isinstance(api, int) or isinstance(api, bool) or api != PLUGIN_API_VERSION:
+        if not isinstance(api, int) or isinstance(api, bool) or not 1 <= api <= PLUGIN_API_VERSION:
             return self._fail(
                 name,
                 where,
