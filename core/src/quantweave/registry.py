@@ -47,6 +47,7 @@ ENV_DISABLE = "QUANTWEAVE_DISABLE_PLUGINS"
 ENV_LOAD = "QUANTWEAVE_LOAD_PLUGINS"
 ENV_STRICT = "QUANTWEAVE_STRICT_PLUGINS"
 
+
 @dataclass(frozen=True)
 class PluginRecord:
     """What is known of one plugin: where it came from and whether it loaded."""

@@ -128,6 +128,18 @@ PROBES: dict[str, ProbeFactory] = {
         (_img(), torch.randn(1, 8, 10, 10)),
     ),
     "conv_transpose2d": lambda: (_Probe(lambda m, x: m.conv(x), conv=nn.ConvTranspose2d(3, 8, 3)), (_img(),)),
+    "conv_transpose2d_relu": lambda: (
+        _Probe(lambda m, x: F.relu(m.conv(x)), conv=nn.ConvTranspose2d(3, 8, 3)),
+        (_img(),),
+    ),
+    "conv_transpose2d_bn": lambda: (
+        _Probe(lambda m, x: m.bn(m.conv(x)), conv=nn.ConvTranspose2d(3, 8, 3), bn=nn.BatchNorm2d(8)),
+        (_img(),),
+    ),
+    "conv_transpose2d_bn_relu": lambda: (
+        _Probe(lambda m, x: F.relu(m.bn(m.conv(x))), conv=nn.ConvTranspose2d(3, 8, 3), bn=nn.BatchNorm2d(8)),
+        (_img(),),
+    ),
     "linear": _linear_then(_identity),
     "linear_relu": _linear_then(F.relu),
     "linear_leaky_relu": _linear_then(F.leaky_relu),
@@ -157,6 +169,19 @@ PROBES: dict[str, ProbeFactory] = {
     "adaptive_avg_pool2d": _conv_then(lambda t: F.adaptive_avg_pool2d(t, 1)),
     "flatten": lambda: (
         _Probe(lambda m, x: m.fc(torch.flatten(m.conv(x), 1)), conv=nn.Conv2d(3, 2, 3), fc=nn.Linear(200, 4)),
+        (_img(),),
+    ),
+    # shape and reduction ops take a conv's output: backends annotate them to share their
+    # input's qparams only when that input is quantized
+    "mean": _conv_then(lambda t: t.mean((2, 3), keepdim=True)),
+    "permute": _conv_then(lambda t: t.permute(0, 2, 3, 1)),
+    "transpose": _conv_then(lambda t: t.transpose(1, 2)),
+    "view": _conv_then(lambda t: t.view(1, -1)),
+    "reshape": _conv_then(lambda t: t.reshape(1, -1)),
+    "squeeze": _conv_then(lambda t: t.squeeze(0)),
+    "slice": _conv_then(lambda t: t[:, :4]),
+    "dropout": lambda: (
+        _Probe(lambda m, x: m.drop(m.conv(x)), conv=nn.Conv2d(3, 8, 3), drop=nn.Dropout(0.25)),
         (_img(),),
     ),
     "relu": lambda: (_Probe(lambda m, x: F.relu(x)), (torch.randn(2, 8),)),
