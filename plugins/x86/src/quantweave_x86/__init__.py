@@ -10,6 +10,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+#: The distribution's version (single source: pyproject.toml reads it from here).
+__version__ = "0.1.1"
+
 __all__ = [
     "LoweredModule",
     "X86InductorQuantizer",
