@@ -1,5 +1,6 @@
 """The quantweave CLI: plugins and capabilities, as text and JSON."""
 
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -59,11 +60,11 @@ def test_plugins_table(capsys, pm):
     code, out = run(capsys, pm, "plugins")
     lines = out.splitlines()
     assert code == 0
-    assert lines[0].split() == ["plugin", "status", "distribution", "version", "quantizers", "error"]
-    assert lines[2].split() == ["alpha", "loaded", "qw-alpha", "1.2.0", "a"]
-    assert lines[3].split() == ["beta", "loaded", "-", "-", "b"]
-    assert lines[4].startswith("gamma") and "failed" in lines[4]
-    assert "declares plugin API 7, but this quantweave implements plugin API 2" in lines[4]
+    assert lines[0].split() == ["plugin", "status", "api", "distribution", "version", "quantizers", "error"]
+    assert lines[2].split() == ["alpha", "loaded", "1", "qw-alpha", "1.2.0", "a"]
+    assert lines[3].split() == ["beta", "loaded", "1", "-", "-", "b"]
+    assert lines[4].split()[:6] == ["gamma", "incompatible", "7", "qw-gamma", "0.1", "-"]
+    assert f"declares plugin API 7, but this quantweave {qw.__version__} implements plugin API 1..2" in lines[4]
 
 
 def test_plugins_json(capsys, pm):
@@ -75,25 +76,27 @@ def test_plugins_json(capsys, pm):
         "distribution": "qw-alpha",
         "version": "1.2.0",
         "status": "loaded",
+        "api": 1,
         "quantizers": ["a"],
         "error": None,
+        "warnings": [],
     }
-    assert data[2]["status"] == "failed" and "plugin API 7" in data[2]["error"]
+    assert data[2]["status"] == "incompatible" and "plugin API 7" in data[2]["error"]
 
 
 def test_capabilities_table_is_pattern_by_quantizer(capsys, pm):
     code, out = run(capsys, pm, "capabilities")
     lines = out.splitlines()
     assert code == 0
-    assert lines[0].split() == ["pattern", "alpha:a", "beta:b"]
+    assert lines[0].split() == ["pattern", "origin", "alpha:a", "beta:b"]
     rows = {line.split()[0]: line.split()[1:] for line in lines[2:]}
-    assert rows == {"conv2d": ["static", "-"], "linear": ["dynamic", "static"]}
+    assert rows == {"conv2d": ["core", "static", "-"], "linear": ["core", "dynamic", "static"]}
 
 
 def test_capabilities_filters_and_json(capsys, pm):
     _, out = run(capsys, pm, "capabilities", "--mode", "dynamic", "--json")
     (record,) = json.loads(out)
-    assert record["pattern"] == "linear" and record["mode"] == "dynamic"
+    assert (record["pattern"], record["mode"], record["pattern_origin"]) == ("linear", "dynamic", "core")
     assert (record["plugin"], record["quantizer"]) == ("alpha", "a")
     assert record["activation"] == {
         "dtype": "uint8",
@@ -104,7 +107,7 @@ def test_capabilities_filters_and_json(capsys, pm):
     }
     assert Capability.from_dict(record) == pm.quantization_capabilities(mode="dynamic")[0]
     _, out = run(capsys, pm, "capabilities", "--plugin", "beta")
-    assert out.splitlines()[0].split() == ["pattern", "beta:b"]
+    assert out.splitlines()[0].split() == ["pattern", "origin", "beta:b"]
 
 
 def test_unknown_plugin_filter_is_an_error(capsys, pm):
@@ -121,4 +124,6 @@ def test_python_dash_m_runs_the_cli():
         check=True,
         env={"QUANTWEAVE_LOAD_PLUGINS": "", "PATH": ""},
     )
-    assert all(d["status"] == "disabled" for d in json.loads(proc.stdout))
+    installed = sorted({ep.name for ep in importlib.metadata.entry_points(group="quantweave")})
+    assert installed, "the test environments install quantweave-x86, so at least one plugin is seen"
+    assert [(d["name"], d["status"]) for d in json.loads(proc.stdout)] == [(name, "disabled") for name in installed]

@@ -7,7 +7,7 @@ import quantweave as qw
 from quantweave.capabilities import Capability, Mode, TensorQuant
 from quantweave.compose import AnnotationConflictError, ComposableQuantizer
 from quantweave.observers import MinMaxObserver
-from tests.conftest import export
+from tests.helpers import export
 
 aten = torch.ops.aten
 KEY = "quantization_annotation"
@@ -69,6 +69,10 @@ def gm():
     return export(M(), torch.randn(4))
 
 
+def annotated_by(model):
+    return {n.name: n.meta[qw.ANNOTATED_BY_KEY] for n in model.graph.nodes if qw.ANNOTATED_BY_KEY in n.meta}
+
+
 def test_first_annotator_wins_and_owners_are_recorded():
     a = OpQuantizer("a", aten.relu.default, torch.uint8)
     b = OpQuantizer("b", aten.relu.default, torch.int8)
@@ -81,7 +85,7 @@ def test_first_annotator_wins_and_owners_are_recorded():
     composed.annotate(model)
     relu = next(n for n in model.graph.nodes if n.target == aten.relu.default)
     assert relu.meta[KEY].output_qspec.dtype == torch.int8
-    assert composed.owners == {"relu": "b"}
+    assert annotated_by(model) == {"relu": "b"}
 
 
 @pytest.mark.parametrize(
@@ -152,4 +156,16 @@ def test_duplicate_labels_are_disambiguated():
     assert composed.labels == ["q#0", "q#1"]
     model = gm()
     composed.annotate(model)
-    assert composed.owners == {"relu": "q#0", "add": "q#1"}
+    assert annotated_by(model) == {"relu": "q#0", "add": "q#1"}
+
+
+def test_annotating_a_second_model_leaves_the_first_ones_owners_alone():
+    # regression: owners used to live on the ComposableQuantizer, so the second call rewrote the first's
+    composed = ComposableQuantizer([OpQuantizer("r", aten.relu.default), OpQuantizer("a", aten.add.Tensor)])
+    first, second = gm(), gm()
+    composed.annotate(first)
+    relu = next(n for n in second.graph.nodes if n.target == aten.relu.default)
+    qw.mark_annotated(relu, by="caller")  # pre-annotated in the second model: r must skip it
+    composed.annotate(second)
+    assert annotated_by(first) == {"relu": "r", "add": "a"}
+    assert annotated_by(second) == {"relu": "caller", "add": "a"}

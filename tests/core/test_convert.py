@@ -11,7 +11,7 @@ from quantweave.observers import MinMaxObserver, PerChannelMinMaxObserver, Place
 from quantweave.testing.inspect import count_ops, qdq_summary, sqnr
 from quantweave.testing.models import calibration_batches, example_inputs, resnet18_like
 from quantweave.testing.reference import make_reference_quantizer
-from tests.conftest import export
+from tests.helpers import export
 
 aten = torch.ops.aten
 qd = torch.ops.quantized_decomposed

@@ -7,7 +7,7 @@ import quantweave as qw
 from quantweave.observers import MinMaxObserver, ObserverBase
 from quantweave.testing.models import resnet18_like
 from quantweave.testing.reference import make_reference_quantizer
-from tests.conftest import export
+from tests.helpers import export
 
 aten = torch.ops.aten
 KEY = "quantization_annotation"

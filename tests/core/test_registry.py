@@ -66,9 +66,11 @@ def test_good_plugin_is_listed_and_its_quantizer_built(make_plugin):
 
 def test_loading_is_lazy(make_plugin, tmp_path):
     ep = make_plugin("qw_lazy", "raise RuntimeError('imported too early')")
-    pm = manager(ep)
-    assert not pm._loaded
-    with pytest.warns(qw.PluginWarning):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # constructing the manager imports nothing, so nothing fails yet
+        pm = manager(ep)
+    assert "qw_lazy" not in sys.modules
+    with pytest.warns(qw.PluginWarning, match="imported too early"):
         pm.plugins()
 
 
@@ -78,7 +80,8 @@ def test_loading_is_lazy(make_plugin, tmp_path):
         ("raise ImportError('missing native lib')", r"import failed: ImportError: missing native lib"),
         ("import sys; sys.exit(3)", r"import failed: SystemExit: 3"),
         ("x = 1", r"does not declare QUANTWEAVE_PLUGIN_API"),
-        ("QUANTWEAVE_PLUGIN_API = 99", r"declares plugin API 99, but this quantweave implements plugin API 2"),
+        ("QUANTWEAVE_PLUGIN_API = '1'", r"declares plugin API '1'; expected a whole number from 1 to 2"),
+        ("QUANTWEAVE_PLUGIN_API = 0", r"declares plugin API 0; expected a whole number from 1 to 2"),
         (
             "from quantweave.hookspecs import hookimpl\nQUANTWEAVE_PLUGIN_API = 1\n"
             "@hookimpl\ndef quantweave_quantizer():\n    return []\n",
@@ -92,7 +95,7 @@ def test_loading_is_lazy(make_plugin, tmp_path):
         (
             "from quantweave.hookspecs import hookimpl\nQUANTWEAVE_PLUGIN_API = 1\n"
             "@hookimpl\ndef quantweave_quantizers():\n    return 'x86'\n",
-            r"quantweave_quantizers\(\) failed: TypeError: expected a list of QuantizerInfo; got str",
+            r"quantweave_quantizers\(\) must return a list of QuantizerInfo; got str",
         ),
     ],
 )
@@ -113,6 +116,17 @@ def test_strict_mode_reraises(make_plugin):
     pm = manager(make_plugin("qw_boom", "raise ImportError('nope')"), QUANTWEAVE_STRICT_PLUGINS="1")
     with pytest.raises(qw.PluginError, match=r"'qw_boom' was not loaded: import failed: ImportError: nope"):
         pm.plugins()
+
+
+def test_strict_failure_leaves_the_registry_complete(make_plugin):
+    # regression: the raise used to stop loading, so later queries saw only the failed plugin
+    bad = make_plugin("qw_boom", "raise ImportError('nope')")
+    good = make_plugin("qw_fine", GOOD.format(qname="fine"))
+    pm = manager(bad, good, QUANTWEAVE_STRICT_PLUGINS="1")
+    with pytest.raises(qw.PluginError, match="qw_boom"):
+        pm.get_quantizer("fine")
+    assert {r.name: r.status for r in pm.plugins()} == {"qw_boom": "failed", "qw_fine": "loaded"}
+    assert pm.get_quantizer("fine").flavour == "plain"
 
 
 def test_disable_and_allow_list_env_vars(make_plugin):
@@ -194,5 +208,10 @@ def test_quantizer_info_validates_its_declaration():
         QuantizerInfo("q", Q, ("linear",))
 
 
-def test_default_manager_functions_are_exposed():
-    assert callable(qw.plugins) and callable(qw.get_quantizer) and callable(qw.quantization_capabilities)
+def test_top_level_functions_query_the_default_manager(make_plugin, monkeypatch):
+    import quantweave.registry as registry
+
+    monkeypatch.setattr(registry, "_DEFAULT", manager(make_plugin("qw_top", GOOD.format(qname="top"))))
+    assert [(r.name, r.status) for r in qw.plugins()] == [("qw_top", "loaded")]
+    assert qw.get_quantizer("top").plugin == "qw_top"
+    assert [(c.pattern, c.plugin) for c in qw.quantization_capabilities()] == [("add", "qw_top")]

@@ -8,7 +8,7 @@ import quantweave as qw
 from quantweave.compose import ComposableQuantizer
 from quantweave.observers import MinMaxObserver, PerChannelMinMaxObserver
 from quantweave.report import SKIP_REASON_KEY, annotation_report
-from tests.conftest import export
+from tests.helpers import export
 
 aten = torch.ops.aten
 ACT = qw.QuantizationSpec(dtype=torch.uint8, observer_or_fake_quant_ctr=MinMaxObserver)
@@ -62,16 +62,17 @@ def test_report_names_quantizers_and_reasons():
     assert (rows["linear"].status, rows["linear"].quantizer) == ("quantized", "linq")
     assert (rows["linear_1"].status, rows["linear_1"].reason) == ("float", "module name 'fc2' configured None")
     assert (rows["sigmoid"].status, rows["sigmoid"].reason) == ("float", "no quantizer claims this pattern")
-    assert [r.node for r in report.nodes] == ["conv2d", "linear", "linear_1", "sigmoid"]
+    assert (rows["mean"].status, rows["mean"].reason) == ("float", "no quantizer claims this pattern")
+    assert [r.node for r in report.nodes] == ["conv2d", "mean", "linear", "linear_1", "sigmoid"]
 
     table = report.to_table().splitlines()
     assert table[0].split() == ["node", "op", "status", "quantizer", "reason"]
     assert table[2].split()[:4] == ["conv2d", "aten.conv2d.default", "quantized", "convq"]
-    assert table[-1] == "2 quantized (convq: 1, linq: 1), 2 float, of 4 compute nodes"
+    assert table[-1] == "2 quantized (convq: 1, linq: 1), 3 float, of 5 compute nodes"
 
     data = json.loads(report.to_json())
-    assert data["summary"] == {"quantized": 2, "float": 2, "by_quantizer": {"convq": 1, "linq": 1}}
-    assert data["nodes"][2] == {
+    assert data["summary"] == {"quantized": 2, "float": 3, "by_quantizer": {"convq": 1, "linq": 1}}
+    assert data["nodes"][3] == {
         "node": "linear_1",
         "op": "aten.linear.default",
         "status": "float",
@@ -85,4 +86,28 @@ def test_report_with_a_single_quantizer_uses_its_label():
     prepared = qw.prepare_pt2e(export(Model(), torch.randn(1, 3, 8, 8)), quantizer)
     report = annotation_report(prepared, quantizer)
     assert report.by_quantizer() == {"solo": 2}
-    assert report.quantized == 2 and report.float == 2
+    assert report.quantized == 2 and report.float == 3
+
+
+def test_report_names_who_marked_a_node_and_why_another_was_skipped():
+    class Marker(qw.Quantizer):
+        name = "marker"
+
+        def annotate(self, model):
+            for node in model.graph.nodes:
+                if node.target == aten.sigmoid.default:
+                    qw.annotate_output_qspec(node, ACT)
+                    qw.mark_annotated(node, by="sigmoid-unit")
+                elif node.target == aten.linear.default:
+                    qw.set_skip_reason(node, "linear left to the host")
+            return model
+
+        def quantization_capabilities(self):
+            # a pattern contributed by a plugin: its ops join what the report lists
+            return (qw.Capability("fc_chain", "static", qw.TensorQuant("uint8", 0, 255), ops=("aten.linear.default",)),)
+
+    quantizer = Marker()
+    prepared = qw.prepare_pt2e(export(Model(), torch.randn(1, 3, 8, 8)), quantizer)
+    rows = {r.node: r for r in annotation_report(prepared, quantizer).nodes}
+    assert (rows["sigmoid"].status, rows["sigmoid"].quantizer) == ("quantized", "sigmoid-unit")
+    assert (rows["linear"].status, rows["linear"].reason) == ("float", "linear left to the host")

@@ -8,7 +8,7 @@ from quantweave.convert import DEQUANTIZE_OPS, QUANTIZE_OPS
 from quantweave.observers import FixedQParamsObserver, ObserverBase
 from quantweave.testing.inspect import count_ops, qdq_summary, sqnr
 from quantweave.testing.reference import quantweave_api
-from tests.conftest import export
+from tests.helpers import export
 from tests.tutorial import FLOWS, build
 
 QW = build(quantweave_api())

@@ -13,7 +13,7 @@ import quantweave as qw
 from quantweave.testing import models
 from quantweave.testing.inspect import qdq_summary
 from quantweave.testing.reference import make_reference_quantizer, quantweave_api
-from tests.conftest import export
+from tests.helpers import export
 from tests.tutorial import FLOWS, build
 
 pytestmark = pytest.mark.peer

@@ -19,7 +19,7 @@ import quantweave as qw
 from quantweave.testing import models
 from quantweave.testing.inspect import qdq_summary
 from quantweave_x86 import X86InductorQuantizer
-from tests.conftest import export
+from tests.helpers import export
 
 pytestmark = pytest.mark.peer
 KEY = "quantization_annotation"

@@ -11,7 +11,7 @@ import quantweave as qw
 from quantweave.testing.inspect import sqnr
 from quantweave.testing.models import calibration_batches, encoder_block
 from quantweave_x86 import X86InductorQuantizer, lower
-from tests.conftest import export
+from tests.helpers import export
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from quantweave.testing.inspect import qdq_summary, sqnr
 from quantweave.testing.models import calibration_batches, encoder_block, example_inputs, resnet18_like
 from quantweave_x86 import X86InductorQuantizer, declared_capabilities, get_default_x86_inductor_quantization_config
 from quantweave_x86 import plugin as x86_plugin
-from tests.conftest import export
+from tests.helpers import export
 
 aten = torch.ops.aten
 KEY = "quantization_annotation"

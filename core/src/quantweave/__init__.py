@@ -9,6 +9,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .annotation import (
+    ANNOTATED_BY_KEY,
+    ANNOTATION_KEY,
+    SKIP_REASON_KEY,
     DerivedQuantizationSpec,
     EdgeOrNode,
     FixedQParamsQuantizationSpec,
@@ -24,11 +27,14 @@ from .annotation import (
     get_output_act_qspec,
     get_weight_qspec,
     is_annotated,
+    mark_annotated,
+    set_skip_reason,
 )
 from .capabilities import Capability, Mode, TensorQuant
-from .compose import AnnotationConflictError, ComposableQuantizer
+from .compose import ComposableQuantizer
 from .convert import convert_pt2e
 from .errors import (
+    AnnotationConflictError,
     AnnotationError,
     ConvertError,
     ObserverNotCalibratedError,
@@ -58,6 +64,11 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "ANNOTATED_BY_KEY",
+    "ANNOTATION_KEY",
+    "SKIP_REASON_KEY",
+    "mark_annotated",
+    "set_skip_reason",
     "AnnotationConflictError",
     "AnnotationError",
     "ComposableQuantizer",

@@ -283,18 +283,14 @@ class Capability:
     def __post_init__(self) -> None:
         if not isinstance(self.pattern, str) or not _PATTERN_NAME.match(self.pattern):
             raise ValueError(f"Capability: pattern must be a pattern name like 'conv2d_relu'; got {self.pattern!r}")
-        if self.pattern not in PATTERNS and not self.ops:
-            raise ValueError(
-                f"Capability: unknown pattern {self.pattern!r}; expected one of the core vocabulary "
-                f"quantweave.capabilities.PATTERNS ({', '.join(sorted(PATTERNS))}), or a pattern a plugin "
-                "contributes (quantweave_patterns hook) with its ops given"
-            )
         try:
             object.__setattr__(self, "mode", Mode(self.mode))
         except ValueError:
             modes = ", ".join(m.value for m in Mode)
             raise ValueError(f"Capability {self.pattern!r}: mode must be one of {modes}; got {self.mode!r}") from None
-        if not self.ops:
+        # a pattern outside the core vocabulary is one a plugin contributes: the registry
+        # checks that it is contributed and fills in its ops
+        if not self.ops and self.pattern in PATTERNS:
             object.__setattr__(self, "ops", PATTERNS[self.pattern][1])
         object.__setattr__(self, "ops", tuple(self.ops))
         if self.mode is Mode.WEIGHT_ONLY and self.activation is not None:

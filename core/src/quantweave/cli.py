@@ -14,18 +14,9 @@ import json
 import sys
 from collections.abc import Sequence
 
+from ._modules.text import render_table
 from .capabilities import Mode
 from .registry import PluginManager, default_manager
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=False)]
-    lines = [
-        "  ".join(str(cell).ljust(w) for cell, w in zip(line, widths, strict=False)).rstrip()
-        for line in [header, *rows]
-    ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def render_plugins(manager: PluginManager, as_json: bool) -> str:
@@ -35,16 +26,25 @@ def render_plugins(manager: PluginManager, as_json: bool) -> str:
     if not records:
         return "no quantweave plugins installed (entry-point group 'quantweave')"
     rows = [
-        [r.name, r.status, r.distribution or "-", r.version or "-", ", ".join(r.quantizers) or "-", r.error or ""]
+        [
+            r.name,
+            r.status,
+            "-" if r.api is None else str(r.api),
+            r.distribution or "-",
+            r.version or "-",
+            ", ".join(r.quantizers) or "-",
+            "; ".join([r.error] if r.error else list(r.warnings)),
+        ]
         for r in records
     ]
-    return _table(["plugin", "status", "distribution", "version", "quantizers", "error"], rows)
+    return render_table(["plugin", "status", "api", "distribution", "version", "quantizers", "error"], rows)
 
 
 def render_capabilities(manager: PluginManager, plugin: str | None, mode: str | None, as_json: bool) -> str:
     caps = manager.quantization_capabilities(plugin=plugin, mode=mode)
+    vocabulary = manager.patterns()
     if as_json:
-        return json.dumps([c.to_dict() for c in caps], indent=2)
+        return json.dumps([{**c.to_dict(), "pattern_origin": vocabulary[c.pattern].origin} for c in caps], indent=2)
     if not caps:
         return (
             "no capabilities declared"
@@ -58,10 +58,14 @@ def render_capabilities(manager: PluginManager, plugin: str | None, mode: str | 
         cells.setdefault((c.pattern, f"{c.plugin}:{c.quantizer}"), []).append(c.mode.value)
     order = [m.value for m in Mode]
     rows = [
-        [pattern, *(",".join(sorted(cells.get((pattern, q), []), key=order.index)) or "-" for q in quantizers)]
+        [
+            pattern,
+            vocabulary[pattern].origin,
+            *(",".join(sorted(cells.get((pattern, q), []), key=order.index)) or "-" for q in quantizers),
+        ]
         for pattern in patterns
     ]
-    return _table(["pattern", *quantizers], rows)
+    return render_table(["pattern", "origin", *quantizers], rows)
 
 
 def main(argv: Sequence[str] | None = None, manager: PluginManager | None = None) -> int:

@@ -7,6 +7,10 @@ the node. ``validate`` and ``prepare_obs_or_fq_callback`` are forwarded to every
 ``quantization_capabilities()`` merges the members' declarations: for each
 (pattern, mode) the first member declaring it serves it and later declarations are
 shadowed (see :meth:`ComposableQuantizer.capability_table`).
+
+Which member annotated a node is written into the node's meta
+(:data:`~quantweave.annotation.ANNOTATED_BY_KEY`), never kept on the quantizer: one
+composed quantizer can prepare any number of models, and each report reads its own graph.
 """
 
 from __future__ import annotations
@@ -18,15 +22,12 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
-from .annotation import ANNOTATION_KEY, EdgeOrNode, QuantizationAnnotation
+from .annotation import ANNOTATED_BY_KEY, ANNOTATION_KEY, EdgeOrNode, QuantizationAnnotation
 from .capabilities import Capability, Mode, sort_capabilities
+from .errors import AnnotationConflictError
 from .quantizer import Quantizer
 
 __all__ = ["AnnotationConflictError", "CapabilityRow", "ComposableQuantizer", "quantizer_label"]
-
-
-class AnnotationConflictError(ValueError):
-    """A member of a ComposableQuantizer changed an annotation an earlier member made."""
 
 
 def quantizer_label(quantizer: object) -> str:
@@ -79,8 +80,6 @@ class ComposableQuantizer(Quantizer):
         self.labels = [f"{label}#{i}" if labels.count(label) > 1 else label for i, label in enumerate(labels)]
         self.quantizers = members
         self.name = "+".join(self.labels)
-        #: node name -> label of the member that annotated it (filled by the last ``annotate``)
-        self.owners: dict[str, str] = {}
 
     def transform_for_annotation(self, model: GraphModule) -> GraphModule:
         for member, label in zip(self.quantizers, self.labels, strict=True):
@@ -93,7 +92,6 @@ class ComposableQuantizer(Quantizer):
         return model
 
     def annotate(self, model: GraphModule) -> GraphModule:
-        self.owners = {}
         # node -> (annotation object, its value, owner label)
         seen: dict[Node, tuple[QuantizationAnnotation, _Snapshot, str]] = {}
         for node in model.graph.nodes:  # annotations made before composition belong to the caller
@@ -121,7 +119,8 @@ class ComposableQuantizer(Quantizer):
                 annotation = node.meta.get(ANNOTATION_KEY)
                 if node not in seen and isinstance(annotation, QuantizationAnnotation):
                     seen[node] = (annotation, _value(annotation), label)
-                    self.owners[node.name] = label
+                    if not isinstance(member, ComposableQuantizer) or ANNOTATED_BY_KEY not in node.meta:
+                        node.meta[ANNOTATED_BY_KEY] = label  # a nested composition names its own members
         return model
 
     def validate(self, model: GraphModule) -> None:
@@ -147,6 +146,8 @@ class ComposableQuantizer(Quantizer):
                     )
                 if not cap.quantizer:
                     cap = replace(cap, quantizer=label)
+                if not cap.plugin and member.plugin:
+                    cap = replace(cap, plugin=member.plugin)
                 if cap.key in served:
                     if served[cap.key][0] != label:
                         shadowed.setdefault(cap.key, []).append(label)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "AnnotationError",
+    "AnnotationConflictError",
     "SharingError",
     "ObserverNotCalibratedError",
     "ConvertError",
@@ -16,6 +17,11 @@ __all__ = [
 class AnnotationError(ValueError):
     """An annotation is malformed: it names an edge that is not in the graph, a spec of a
     wrong type, or a spec whose observer cannot be built."""
+
+
+class AnnotationConflictError(AnnotationError):
+    """A member of a ComposableQuantizer replaced, removed or mutated an annotation an
+    earlier member made (the message names both quantizers and the node)."""
 
 
 class SharingError(AnnotationError):

@@ -1,30 +1,20 @@
-"""The plugin API: pluggy hooks a quantweave plugin implements.
+"""The hook specifications (pluggy) of the plugin API; the loader registers these.
 
-A plugin is a module (or object) registered under the entry-point group ``quantweave``::
-
-    # pyproject.toml of the plugin distribution
-    [project.entry-points.quantweave]
-    x86 = "quantweave_x86.plugin"
-
-The module declares the plugin-API version it was written for and implements hooks::
-
-    import quantweave
-    from quantweave.hookspecs import hookimpl
-
-    QUANTWEAVE_PLUGIN_API = 1
-
-    @hookimpl
-    def quantweave_quantizers():
-        return [quantweave.QuantizerInfo(name="x86", factory=X86Quantizer, capabilities=...)]
+Plugins do not import this module: everything a plugin needs is in
+:mod:`quantweave.plugin_api` (``hookimpl``, ``QuantizerInfo``, ``PatternSpec``, ...).
+``hookimpl`` and the constants stay importable from here for plugins written against
+plugin API 1.
 
 Compatibility rules: hooks are only ever *added* (never removed or renamed), and hook
-arguments are only ever added. A plugin declaring an API major version other than
-:data:`PLUGIN_API_VERSION` is not loaded (recorded as failed, with the reason).
+arguments are only ever added. A core implementing plugin API N loads plugins that target
+1..N; a plugin targeting a newer API is recorded ``incompatible``, with the reason.
 
-Hooks, with the plugin-API version that introduced them:
+Hooks, with the plugin-API version that introduced them (:data:`HOOK_API_VERSIONS`):
 
 * ``quantweave_quantizers()`` (API 1): the quantizers the plugin provides, as a list of
-  :class:`quantweave.registry.QuantizerInfo` (name, factory, declared capabilities).
+  :class:`quantweave.plugin_api.QuantizerInfo` (name, factory, declared capabilities).
+* ``quantweave_patterns()`` (API 2): patterns the plugin adds to the vocabulary, as a list
+  of :class:`quantweave.plugin_api.PatternSpec`.
 """
 
 from __future__ import annotations
@@ -36,9 +26,9 @@ import pluggy
 from .plugin_api import PLUGIN_API_VERSION, PROJECT, hookimpl
 
 if TYPE_CHECKING:
-    from .plugin_api import QuantizerInfo
+    from .plugin_api import PatternSpec, QuantizerInfo
 
-__all__ = ["PLUGIN_API_VERSION", "PROJECT", "hookimpl", "hookspec", "QuantweaveHookSpecs"]
+__all__ = ["HOOK_API_VERSIONS", "PLUGIN_API_VERSION", "PROJECT", "hookimpl", "hookspec", "QuantweaveHookSpecs"]
 
 
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -55,3 +45,17 @@ class QuantweaveHookSpecs:
         within the plugin; across plugins a clash is resolved by qualifying the name as
         ``"<plugin>:<quantizer>"``.
         """
+
+    @hookspec
+    def quantweave_patterns(self) -> list[PatternSpec]:  # type: ignore[empty-body]
+        """Return the patterns this plugin adds to the vocabulary (added in plugin API 2).
+
+        Each item is a :class:`quantweave.plugin_api.PatternSpec`: name, description, the
+        aten ops that anchor it (first = anchor) and a probe factory for the conformance
+        kit. A name that is a core pattern, or that another plugin already contributes, is
+        reported (naming both) and ignored; capabilities may then declare the pattern.
+        """
+
+
+#: Every hook, with the plugin-API version that introduced it.
+HOOK_API_VERSIONS: dict[str, int] = {"quantweave_quantizers": 1, "quantweave_patterns": 2}

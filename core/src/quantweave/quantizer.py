@@ -27,7 +27,13 @@ __all__ = ["Quantizer"]
 
 
 class Quantizer(ABC):
-    """Base class of every quantizer (backend, plugin or user-written)."""
+    """Base class of every quantizer (backend, plugin or user-written).
+
+    ``plugin`` names the plugin that provided the quantizer; :func:`quantweave.get_quantizer`
+    sets it, and ``ComposableQuantizer`` carries it into the capabilities it merges.
+    """
+
+    plugin: str = ""
 
     @abstractmethod
     def annotate(self, model: GraphModule) -> GraphModule:

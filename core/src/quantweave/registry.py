@@ -18,19 +18,21 @@ plus :meth:`PluginManager.register`) rather than whatever happens to be installe
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
+import re
 import warnings
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pluggy
 
-from .capabilities import Capability, Mode, sort_capabilities
+from .capabilities import PATTERNS, Capability, Mode, PatternSpec, core_patterns, sort_capabilities
 from .errors import PluginError, PluginWarning, UnknownQuantizerError
 from .hookspecs import QuantweaveHookSpecs
-from .plugin_api import PLUGIN_API_VERSION, PROJECT, QuantizerInfo
+from .plugin_api import PLUGIN_API_RELEASES, PLUGIN_API_VERSION, PROJECT, QuantizerInfo
 from .quantizer import Quantizer
 
 __all__ = [
@@ -50,14 +52,22 @@ ENV_STRICT = "QUANTWEAVE_STRICT_PLUGINS"
 
 @dataclass(frozen=True)
 class PluginRecord:
-    """What is known of one plugin: where it came from and whether it loaded."""
+    """What is known of one plugin: where it came from and whether it loaded.
+
+    ``status`` is ``"loaded"``, ``"failed"`` (import error, bad hooks, malformed
+    declarations), ``"incompatible"`` (targets a plugin API newer than this core) or
+    ``"disabled"`` (by an environment variable). ``api`` is the plugin-API version the
+    plugin targets; ``warnings`` are problems that did not stop it loading.
+    """
 
     name: str
     distribution: str | None
     version: str | None
-    status: str  # "loaded", "failed" or "disabled"
+    status: str
     quantizers: tuple[str, ...] = ()
     error: str | None = None
+    api: int | None = None
+    warnings: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -65,8 +75,10 @@ class PluginRecord:
             "distribution": self.distribution,
             "version": self.version,
             "status": self.status,
+            "api": self.api,
             "quantizers": list(self.quantizers),
             "error": self.error,
+            "warnings": list(self.warnings),
         }
 
 
@@ -85,13 +97,29 @@ def _names(value: str | None) -> set[str]:
     return {part.strip() for part in (value or "").split(",") if part.strip()}
 
 
+class _Failure(Exception):
+    """Internal: why a plugin was not loaded (status and reason), with the original error."""
+
+    def __init__(self, status: str, reason: str, cause: BaseException | None = None) -> None:
+        super().__init__(reason)
+        self.status, self.reason, self.cause = status, reason, cause
+
+
 class PluginManager:
     """Loads plugins and answers registry queries.
 
     ``entry_points``: the entry points to consider (default: those installed, group
     ``quantweave``). ``environ``: where the ``QUANTWEAVE_*`` variables are read (default
     ``os.environ``). ``strict``: overrides ``QUANTWEAVE_STRICT_PLUGINS``.
+
+    :attr:`api_version` and :attr:`hookspecs` are what this core implements; a test may
+    subclass to simulate a newer core (more hooks, more hook arguments via
+    :meth:`hook_arguments`): hooks are called through pluggy, so a plugin written for an
+    older API, whose implementations take fewer arguments, keeps working.
     """
+
+    api_version: int = PLUGIN_API_VERSION
+    hookspecs: type = QuantweaveHookSpecs
 
     def __init__(
         self,
@@ -104,9 +132,11 @@ class PluginManager:
         self._environ = os.environ if environ is None else environ
         self._strict = strict
         self._pm = pluggy.PluginManager(PROJECT)
-        self._pm.add_hookspecs(QuantweaveHookSpecs)
+        self._pm.add_hookspecs(self.hookspecs)
         self._records: dict[str, PluginRecord] = {}
         self._infos: dict[str, dict[str, QuantizerInfo]] = {}  # plugin -> quantizer name -> info
+        self._offered: dict[str, list[PatternSpec]] = {}  # plugin -> patterns it contributes
+        self._patterns: dict[str, PatternSpec] = {}  # accepted contributed patterns
         self._loaded = False
 
     # -- loading --------------------------------------------------------------------------
@@ -117,8 +147,16 @@ class PluginManager:
             return self._strict
         return self._environ.get(ENV_STRICT, "").strip().lower() in ("1", "true", "yes", "on")
 
+    def hook_arguments(self, hook: str) -> dict[str, Any]:
+        """The keyword arguments this core passes to ``hook`` (none in plugin API 1..2)."""
+        return {}
+
     def load(self) -> None:
-        """Load every entry point once (called by every query)."""
+        """Load every entry point once (called by every query).
+
+        Every entry point is tried and recorded before anything is raised, so with
+        ``strict`` the first failure is raised *after* the registry is complete: later
+        queries see every plugin, the failed ones included."""
         if self._loaded:
             return
         self._loaded = True
@@ -126,102 +164,203 @@ class PluginManager:
         disabled = _names(self._environ.get(ENV_DISABLE))
         allowed = _names(self._environ.get(ENV_LOAD)) if ENV_LOAD in self._environ else None
         seen: dict[str, str] = {}
+        failures: list[tuple[str, BaseException | None]] = []
         for ep in entry_points:
+            where = _dist(ep)
             if ep.name in seen:
                 if seen[ep.name] != ep.value:
-                    self._fail(
+                    message = self._message(
                         ep.name,
-                        _dist(ep),
+                        where,
                         f"duplicate plugin name {ep.name!r}: {ep.value!r} ignored, {seen[ep.name]!r} already loaded",
-                        record=False,
                     )
+                    failures.append((message, None))
                 continue  # the same entry point listed twice (e.g. a path on sys.path twice)
             seen[ep.name] = ep.value
-            dist, version = _dist(ep)
             if ep.name in disabled or (allowed is not None and ep.name not in allowed):
                 why = f"disabled by {ENV_DISABLE}" if ep.name in disabled else f"not listed in {ENV_LOAD}"
-                self._records[ep.name] = PluginRecord(ep.name, dist, version, "disabled", error=why)
+                self._records[ep.name] = PluginRecord(ep.name, *where, "disabled", error=why)
                 continue
             try:
                 plugin = ep.load()
             except (Exception, SystemExit) as exc:  # a plugin must never take the host down
-                self._fail(ep.name, (dist, version), f"import failed: {type(exc).__name__}: {exc}", exc)
+                failure = _Failure("failed", f"import failed: {type(exc).__name__}: {exc}", exc)
+                failures.append(self._record_failure(ep.name, where, failure))
                 continue
-            self.register(ep.name, plugin, distribution=dist, version=version)
+            failures += self._register(ep.name, plugin, where)
+        failures += self._settle()
+        self._report(failures)
 
     def register(
         self, name: str, plugin: object, *, distribution: str | None = None, version: str | None = None
     ) -> PluginRecord:
         """Register a plugin object (module or instance) under ``name``; returns its record.
 
-        Used by the entry-point loader, and directly by tests and in-process plugins.
-        """
-        where = (distribution, version)
+        Used directly by tests and in-process plugins (the entry-point loader does the same
+        for every installed plugin)."""
+        self.load()
         if name in self._records and self._records[name].status == "loaded":
-            return self._fail(name, where, f"a plugin named {name!r} is already registered", record=False)
+            reason = f"a plugin named {name!r} is already registered"
+            self._report([(self._message(name, (distribution, version), reason), None)])
+            return PluginRecord(name, distribution, version, "failed", error=reason)
+        failures = self._register(name, plugin, (distribution, version))
+        failures += self._settle()
+        self._report(failures)
+        return self._records.get(name) or PluginRecord(name, distribution, version, "failed", error=failures[0][0])
+
+    def _register(
+        self, name: str, plugin: object, where: tuple[str | None, str | None]
+    ) -> list[tuple[str, BaseException | None]]:
         api = getattr(plugin, "QUANTWEAVE_PLUGIN_API", None)
-        if api is None:
-            return self._fail(name, where, "does not declare QUANTWEAVE_PLUGIN_API (the plugin-API version it targets)")
-        if not isinstance(api, int) or isinstance(api, bool) or not 1 <= api <= PLUGIN_API_VERSION:
-            return self._fail(
-                name,
-                where,
-                f"declares plugin API {api!r}, but this quantweave implements plugin API {PLUGIN_API_VERSION}",
-            )
         try:
-            self._pm.register(plugin, name=name)
-            self._pm.check_pending()
-        except Exception as exc:
-            self._unregister(plugin)
-            return self._fail(name, where, f"invalid hooks: {exc}", exc)
-        try:
-            infos = self._call_quantizers_hook(plugin)
-        except Exception as exc:
-            self._unregister(plugin)
-            return self._fail(name, where, f"quantweave_quantizers() failed: {type(exc).__name__}: {exc}", exc)
+            self._check_api(api, where)
+            try:
+                self._pm.register(plugin, name=name)
+                self._pm.check_pending()
+            except Exception as exc:
+                self._unregister(plugin)
+                raise _Failure("failed", f"invalid hooks: {exc}", exc) from exc
+            try:
+                infos = self._collect_quantizers(plugin)
+                patterns = self._collect_patterns(plugin)
+            except _Failure:
+                self._unregister(plugin)
+                raise
+        except _Failure as failure:
+            return [self._record_failure(name, where, failure, api if isinstance(api, int) else None)]
         self._infos[name] = infos
-        record = PluginRecord(name, distribution, version, "loaded", tuple(infos))
-        self._records[name] = record
-        return record
+        self._offered[name] = patterns
+        self._records[name] = PluginRecord(name, *where, "loaded", tuple(infos), api=api)
+        return []
+
+    def _check_api(self, api: object, where: tuple[str | None, str | None]) -> None:
+        if api is None:
+            raise _Failure("failed", "does not declare QUANTWEAVE_PLUGIN_API (the plugin-API version it targets)")
+        if not isinstance(api, int) or isinstance(api, bool) or api < 1:
+            raise _Failure(
+                "failed", f"declares plugin API {api!r}; expected a whole number from 1 to {self.api_version}"
+            )
+        if api > self.api_version:
+            raise _Failure(
+                "incompatible",
+                f"declares plugin API {api}, but this quantweave {_core_version()} implements plugin API "
+                f"1..{self.api_version}; {_upgrade_hint(api, where[0])}",
+            )
 
     def _unregister(self, plugin: object) -> None:
         if self._pm.is_registered(plugin):
             self._pm.unregister(plugin)
 
-    def _call_quantizers_hook(self, plugin: object) -> dict[str, QuantizerInfo]:
+    def _call(self, hook: str, plugin: object) -> list[Any]:
+        """Call ``hook`` on ``plugin`` alone, through pluggy (an implementation receives the
+        subset of :meth:`hook_arguments` it names)."""
+        others = [p for p in self._pm.get_plugins() if p is not plugin]
+        caller = self._pm.subset_hook_caller(hook, remove_plugins=others)
+        try:
+            return list(caller(**self.hook_arguments(hook)))
+        except Exception as exc:
+            raise _Failure("failed", f"{hook}() failed: {type(exc).__name__}: {exc}", exc) from exc
+
+    def _collect_quantizers(self, plugin: object) -> dict[str, QuantizerInfo]:
         infos: dict[str, QuantizerInfo] = {}
-        for impl in self._pm.hook.quantweave_quantizers.get_hookimpls():
-            if impl.plugin is not plugin:
-                continue
-            result = impl.function()
+        for result in self._call("quantweave_quantizers", plugin):
             if not isinstance(result, (list, tuple)):
-                raise TypeError(f"expected a list of QuantizerInfo; got {type(result).__name__}")
+                raise _Failure(
+                    "failed",
+                    f"quantweave_quantizers() must return a list of QuantizerInfo; got {type(result).__name__}",
+                )
             for info in result:
                 if not isinstance(info, QuantizerInfo):
-                    raise TypeError(f"expected QuantizerInfo items; got {type(info).__name__}")
+                    raise _Failure(
+                        "failed", f"quantweave_quantizers(): expected QuantizerInfo items; got {type(info).__name__}"
+                    )
                 if info.name in infos:
-                    raise ValueError(f"quantizer name {info.name!r} is declared twice")
+                    raise _Failure("failed", f"quantweave_quantizers(): quantizer name {info.name!r} is declared twice")
                 infos[info.name] = info
         return infos
 
-    def _fail(
-        self,
-        name: str,
-        where: tuple[str | None, str | None],
-        reason: str,
-        exc: BaseException | None = None,
-        record: bool = True,
-    ) -> PluginRecord:
+    def _collect_patterns(self, plugin: object) -> list[PatternSpec]:
+        patterns: list[PatternSpec] = []
+        for result in self._call("quantweave_patterns", plugin):
+            if not isinstance(result, (list, tuple)) or not all(isinstance(p, PatternSpec) for p in result):
+                raise _Failure("failed", f"quantweave_patterns() must return a list of PatternSpec; got {result!r}")
+            patterns += result
+        names = [p.name for p in patterns]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise _Failure("failed", f"quantweave_patterns(): pattern(s) contributed twice: {', '.join(twice)}")
+        return patterns
+
+    def _settle(self) -> list[tuple[str, BaseException | None]]:
+        """Accept contributed patterns (first plugin by name wins a clash) and check that
+        every loaded plugin declares capabilities only for known patterns."""
+        core = set(PATTERNS)
+        accepted: dict[str, PatternSpec] = {}
+        notes: dict[str, list[str]] = {}
+        for name in sorted(self._offered):
+            for spec in self._offered[name]:
+                if spec.name in core:
+                    notes.setdefault(name, []).append(
+                        f"pattern {spec.name!r} it contributes is a core pattern; its definition is ignored"
+                    )
+                elif spec.name in accepted:
+                    owner = accepted[spec.name].origin
+                    notes.setdefault(name, []).append(
+                        f"pattern {spec.name!r} it contributes clashes with plugin {owner!r}'s; "
+                        f"{owner!r}'s definition is used"
+                    )
+                else:
+                    accepted[spec.name] = replace(spec, origin=name)
+        failures: list[tuple[str, BaseException | None]] = []
+        for name in sorted(self._infos):
+            record = self._records[name]
+            unknown = sorted(
+                {c.pattern for info in self._infos[name].values() for c in info.capabilities} - core - set(accepted)
+            )
+            if unknown:
+                failure = _Failure(
+                    "failed",
+                    f"declares capabilities for pattern(s) {', '.join(unknown)}, which are neither core patterns "
+                    "(quantweave.capabilities.PATTERNS) nor contributed by a loaded plugin (quantweave_patterns hook)",
+                )
+                failures.append(self._record_failure(name, (record.distribution, record.version), failure, record.api))
+                continue
+            self._infos[name] = {q: _with_ops(info, accepted) for q, info in self._infos[name].items()}
+            new_notes = tuple(n for n in notes.get(name, []) if n not in record.warnings)
+            if new_notes:
+                self._records[name] = replace(record, warnings=record.warnings + new_notes)
+                for note in new_notes:
+                    warnings.warn(
+                        self._message(name, (record.distribution, record.version), note, loaded=True),
+                        PluginWarning,
+                        stacklevel=4,
+                    )
+        self._patterns = accepted
+        return failures
+
+    def _record_failure(
+        self, name: str, where: tuple[str | None, str | None], failure: _Failure, api: int | None = None
+    ) -> tuple[str, BaseException | None]:
+        self._infos.pop(name, None)
+        self._offered.pop(name, None)
+        self._records[name] = PluginRecord(name, *where, failure.status, error=failure.reason, api=api)
+        return self._message(name, where, failure.reason), failure.cause
+
+    @staticmethod
+    def _message(name: str, where: tuple[str | None, str | None], reason: str, loaded: bool = False) -> str:
         dist, version = where
-        failed = PluginRecord(name, dist, version, "failed", error=reason)
-        if record:
-            self._records[name] = failed
         origin = f" ({dist} {version})" if dist else ""
-        message = f"quantweave plugin {name!r}{origin} was not loaded: {reason}"
+        return f"quantweave plugin {name!r}{origin} {'loaded with a problem' if loaded else 'was not loaded'}: {reason}"
+
+    def _report(self, failures: list[tuple[str, BaseException | None]]) -> None:
+        if not failures:
+            return
         if self.strict:
-            raise PluginError(message) from exc
-        warnings.warn(message, PluginWarning, stacklevel=3)
-        return failed
+            message, cause = failures[0]
+            more = f" (and {len(failures) - 1} more: see quantweave.plugins())" if len(failures) > 1 else ""
+            raise PluginError(message + more) from cause
+        for message, _ in failures:
+            warnings.warn(message, PluginWarning, stacklevel=4)
 
     # -- queries --------------------------------------------------------------------------
 
@@ -229,6 +368,12 @@ class PluginManager:
         """Every plugin seen: loaded, failed and disabled, sorted by name."""
         self.load()
         return [self._records[name] for name in sorted(self._records)]
+
+    def patterns(self) -> dict[str, PatternSpec]:
+        """The pattern vocabulary: core patterns and those loaded plugins contribute
+        (``origin`` says which), by name."""
+        self.load()
+        return {**core_patterns(), **self._patterns}
 
     def quantizer_infos(self) -> dict[str, QuantizerInfo]:
         """Every available quantizer under its qualified name ``"<plugin>:<quantizer>"``."""
@@ -268,6 +413,8 @@ class PluginManager:
                 f"quantizer {plugin}:{info.name}: factory returned {type(quantizer).__name__}, "
                 "expected a quantweave.Quantizer"
             )
+        with contextlib.suppress(AttributeError):  # provenance, read by ComposableQuantizer
+            quantizer.plugin = plugin
         return quantizer
 
     def quantization_capabilities(
@@ -284,6 +431,38 @@ class PluginManager:
                 if wanted_mode is None or cap.mode is wanted_mode:
                     caps.append(cap.with_provenance(owner, info.name))
         return sort_capabilities(caps)
+
+
+def _with_ops(info: QuantizerInfo, contributed: Mapping[str, PatternSpec]) -> QuantizerInfo:
+    """``info`` with the ops of contributed patterns filled into its capabilities."""
+    if all(c.ops for c in info.capabilities):
+        return info
+    caps = tuple(
+        replace(c, ops=contributed[c.pattern].ops) if not c.ops and c.pattern in contributed else c
+        for c in info.capabilities
+    )
+    return replace(info, capabilities=caps)
+
+
+def _core_version() -> str:
+    from . import __version__
+
+    return str(__version__)
+
+
+def _upgrade_hint(api: int, distribution: str | None) -> str:
+    """What would load a plugin targeting ``api``: a known release, or its own requirement."""
+    if api in PLUGIN_API_RELEASES:
+        return f"quantweave>={PLUGIN_API_RELEASES[api][0]} loads it"
+    if distribution:
+        try:
+            requires = importlib.metadata.distribution(distribution).requires or []
+        except importlib.metadata.PackageNotFoundError:
+            requires = []
+        wanted = [r.split(";")[0].strip() for r in requires if re.match(r"^quantweave\s*[<>=!~(]", r)]
+        if wanted:
+            return f"{distribution} requires {wanted[0]}: install a quantweave release that satisfies it"
+    return f"it needs a newer quantweave, one implementing plugin API {api}"
 
 
 def _dist(ep: importlib.metadata.EntryPoint) -> tuple[str | None, str | None]:

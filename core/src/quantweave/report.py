@@ -1,11 +1,15 @@
 """What was quantized, by whom, and what stayed float and why.
 
 ``annotation_report(model, quantizer)`` reads the annotations that ``prepare_pt2e`` leaves
-on the prepared model's nodes (or on an annotated graph) and lists every compute node:
-``quantized`` with the quantizer that annotated it, or ``float`` with a reason:
+on the prepared model's nodes (or on an annotated graph) and lists every node whose op is
+in the pattern vocabulary (core patterns, and the patterns the quantizer's capabilities
+name): ``quantized`` with the quantizer that annotated it
+(``node.meta[ANNOTATED_BY_KEY]``, written by ``mark_annotated(..., by=...)`` and by
+``ComposableQuantizer``), or ``float`` with a reason:
 
-- a quantizer may record why it skipped a node in ``node.meta[SKIP_REASON_KEY]``
+- a quantizer may record why it skipped a node with ``set_skip_reason(node, reason)``
   (e.g. ``"module name 'layers.0' configured None"``); that text is the reason;
+- a node claimed without specs is fused into a neighbouring pattern;
 - otherwise: ``"no quantizer claims this pattern"``.
 
 Printable as an aligned table (:meth:`AnnotationReport.to_table`) and as JSON.
@@ -13,60 +17,29 @@ Printable as an aligned table (:meth:`AnnotationReport.to_table`) and as JSON.
 
 from __future__ import annotations
 
-import functools
 import json
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import torch
 from torch.fx import GraphModule
 
-from .annotation import ANNOTATION_KEY, QuantizationAnnotation
+from ._modules.text import render_table
+from .annotation import ANNOTATED_BY_KEY, ANNOTATION_KEY, SKIP_REASON_KEY, QuantizationAnnotation
+from .capabilities import PATTERNS
 
-__all__ = ["SKIP_REASON_KEY", "AnnotationReport", "NodeReport", "annotation_report", "compute_ops"]
+__all__ = ["SKIP_REASON_KEY", "AnnotationReport", "NodeReport", "annotation_report", "reported_ops"]
 
-#: ``node.meta`` key where a quantizer records, as a string, why it left a node float.
-SKIP_REASON_KEY = "quantweave_skip_reason"
 NO_CLAIM = "no quantizer claims this pattern"
 FUSED = "claimed by a quantizer without quantization specs (fused into a neighbouring pattern)"
 
-_COMPUTE_OP_NAMES = (
-    "conv1d.default",
-    "conv2d.default",
-    "conv3d.default",
-    "conv_transpose1d.default",
-    "conv_transpose2d.input",
-    "conv_transpose3d.input",
-    "linear.default",
-    "matmul.default",
-    "bmm.default",
-    "mm.default",
-    "addmm.default",
-    "add.Tensor",
-    "mul.Tensor",
-    "cat.default",
-    "max_pool2d.default",
-    "avg_pool2d.default",
-    "adaptive_avg_pool2d.default",
-    "embedding.default",
-    "sigmoid.default",
-    "softmax.int",
-    "relu.default",
-    "hardtanh.default",
-    "gelu.default",
-    "layer_norm.default",
-)
 
-
-@functools.cache
-def compute_ops() -> frozenset[Any]:
-    """The aten ops the report lists: compute ops a backend could run quantized
-    (resolved on first use, so importing quantweave stays cheap)."""
-    ops = set()
-    for name in _COMPUTE_OP_NAMES:
-        packet, overload = name.split(".")
-        ops.add(getattr(getattr(torch.ops.aten, packet), overload))
+def reported_ops(capabilities: Iterable[Any] = ()) -> frozenset[str]:
+    """The op names the report lists: every op of the core vocabulary, and the ops of the
+    given capabilities (patterns that plugins contribute)."""
+    ops = {op for _, pattern_ops in PATTERNS.values() for op in pattern_ops}
+    ops.update(op for cap in capabilities for op in getattr(cap, "ops", ()))
     return frozenset(ops)
 
 
@@ -106,11 +79,7 @@ class AnnotationReport:
     def to_table(self) -> str:
         header = ("node", "op", "status", "quantizer", "reason")
         rows = [(n.node, n.op, n.status, n.quantizer or "-", n.reason or "") for n in self.nodes]
-        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-        lines = [
-            "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]
-        ]
-        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines = render_table(header, rows).splitlines()
         per = ", ".join(f"{q}: {c}" for q, c in sorted(self.by_quantizer().items())) or "none"
         lines.append(f"{self.quantized} quantized ({per}), {self.float} float, of {len(self.nodes)} compute nodes")
         return "\n".join(lines)
@@ -130,26 +99,30 @@ def _claimed(annotation: object) -> bool:
 
 
 def annotation_report(model: GraphModule, quantizer: object | None = None) -> AnnotationReport:
-    """Report every compute node of ``model`` (prepared or annotated) as quantized or float.
+    """Report every vocabulary node of ``model`` (prepared or annotated) as quantized or float.
 
-    ``quantizer``: the quantizer used; with a ``ComposableQuantizer`` the member that
-    annotated each node is named, otherwise the quantizer's label.
+    ``quantizer``: the quantizer used; it names nodes its members did not name themselves,
+    and its declared capabilities add contributed patterns' ops to what is listed.
     """
-    from .compose import ComposableQuantizer, quantizer_label
+    from .compose import quantizer_label
 
     if not isinstance(model, GraphModule):
         raise TypeError(f"annotation_report expects a prepared or annotated GraphModule; got {type(model).__name__}")
-    owners = quantizer.owners if isinstance(quantizer, ComposableQuantizer) else {}
     default = None if quantizer is None else quantizer_label(quantizer)
+    try:
+        capabilities = list(quantizer.quantization_capabilities()) if quantizer is not None else []
+    except Exception:  # a broken declaration must not hide what was quantized; list core ops only
+        capabilities = []
+    ops = reported_ops(capabilities)
     reports: list[NodeReport] = []
-    ops = compute_ops()
     for node in model.graph.nodes:
-        if node.op != "call_function" or node.target not in ops:
+        op = str(node.target)
+        if node.op != "call_function" or op not in ops:
             continue
         annotation = node.meta.get(ANNOTATION_KEY)
-        op = str(node.target)
         if _is_quantized(annotation):
-            reports.append(NodeReport(node.name, op, "quantized", owners.get(node.name, default), None))
+            by = node.meta.get(ANNOTATED_BY_KEY)
+            reports.append(NodeReport(node.name, op, "quantized", by if isinstance(by, str) else default, None))
             continue
         reason = node.meta.get(SKIP_REASON_KEY)
         if not isinstance(reason, str):
