@@ -14,12 +14,17 @@ from torch import nn
 
 __all__ = [
     "BasicBlock",
+    "ConvTransposeDecoder",
     "EncoderBlock",
+    "InvertedResidual",
     "MobileNetLike",
+    "MobileNetV2Like",
     "ResNetLike",
     "SmallLM",
     "calibration_batches",
+    "conv_transpose_decoder",
     "example_inputs",
+    "mobilenet_v2_like",
     "resnet18_like",
 ]
 
@@ -194,3 +199,91 @@ def calibration_batches(
         else:
             out.append((torch.randn(batch, 3, image, image, generator=gen),))
     return out
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV2 block: 1x1 expand, 3x3 depthwise, 1x1 project (+ residual add)."""
+
+    def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:
+        super().__init__()
+        hidden = cin * expand
+        self.residual = stride == 1 and cin == cout
+        self.expand = nn.Sequential(nn.Conv2d(cin, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.Hardtanh(0, 6))
+        self.dw = nn.Sequential(
+            nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False),
+            nn.BatchNorm2d(hidden),
+            nn.Hardtanh(0, 6),
+        )
+        self.project = nn.Sequential(nn.Conv2d(hidden, cout, 1, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.project(self.dw(self.expand(x)))
+        return x + y if self.residual else y
+
+
+class MobileNetV2Like(nn.Module):
+    """MobileNetV2 topology at small width: depthwise convs, hardtanh(0, 6) (ReLU6 written as
+    the op XNNPACK clamps), residual adds, adaptive average pooling and a linear head."""
+
+    def __init__(self, width: int = 16, num_classes: int = 10, stages: tuple[int, ...] = (1, 2, 2)) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, 2, 1, bias=False), nn.BatchNorm2d(width), nn.Hardtanh(0, 6))
+        blocks: list[nn.Module] = []
+        cin = width
+        for i, repeats in enumerate(stages):
+            cout = width * (i + 1)
+            for j in range(repeats):
+                blocks.append(InvertedResidual(cin, cout, 2 if (j == 0 and i > 0) else 1, expand=1 if i == 0 else 4))
+                cin = cout
+        self.blocks = nn.Sequential(*blocks)
+        self.head = nn.Sequential(nn.Conv2d(cin, 4 * cin, 1, bias=False), nn.BatchNorm2d(4 * cin), nn.Hardtanh(0, 6))
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(4 * cin, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(self.head(self.blocks(self.stem(x))))
+        return self.fc(torch.flatten(x, 1))
+
+
+def mobilenet_v2_like(seed: int = 0, **kwargs: object) -> MobileNetV2Like:
+    torch.manual_seed(seed)
+    model = MobileNetV2Like(**kwargs)  # type: ignore[arg-type]
+    _randomize_bn(model)
+    return model.eval()
+
+
+class ConvTransposeDecoder(nn.Module):
+    """A small encoder-decoder (segmentation / autoencoder style): strided convs down,
+    transposed convs (+ batch norm when ``bn``) + relu up, a 1x1 conv head."""
+
+    def __init__(self, width: int = 16, out_channels: int = 3, bn: bool = True) -> None:
+        super().__init__()
+
+        def norm(c: int) -> nn.Module:
+            return nn.BatchNorm2d(c) if bn else nn.Identity()
+
+        self.down = nn.Sequential(
+            nn.Conv2d(3, width, 3, 2, 1),
+            nn.ReLU(),
+            nn.Conv2d(width, 2 * width, 3, 2, 1),
+            nn.ReLU(),
+        )
+        self.up = nn.Sequential(
+            nn.ConvTranspose2d(2 * width, width, 4, 2, 1),
+            norm(width),
+            nn.ReLU(),
+            nn.ConvTranspose2d(width, width, 4, 2, 1),
+            norm(width),
+            nn.ReLU(),
+        )
+        self.head = nn.Conv2d(width, out_channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.up(self.down(x)))
+
+
+def conv_transpose_decoder(seed: int = 0, **kwargs: object) -> ConvTransposeDecoder:
+    torch.manual_seed(seed)
+    model = ConvTransposeDecoder(**kwargs)  # type: ignore[arg-type]
+    _randomize_bn(model)
+    return model.eval()
