@@ -6,8 +6,9 @@ import torch
 import quantweave as qw
 from quantweave.capabilities import PATTERNS, Capability, TensorQuant
 from quantweave.observers import MinMaxObserver, PerChannelMinMaxObserver
+from quantweave.plugin_api import PatternSpec
 from quantweave.registry import QuantizerInfo
-from quantweave.testing.conformance import PROBES, assert_conforms, check_capability, check_conformance
+from quantweave.testing.conformance import PROBES, assert_conforms, check_capability, check_conformance, check_plugin
 
 aten = torch.ops.aten
 ACT = TensorQuant("uint8", 0, 255)
@@ -43,6 +44,9 @@ class LinearQuantizer(qw.Quantizer):
                 for arg in node.args[:2]:
                     qw.annotate_input_qspec_map(node, arg, self.act)
         return model
+
+    def quantization_capabilities(self):
+        return (Capability("linear", "static", ACT, W),)
 
 
 def info(**options):
@@ -87,3 +91,74 @@ def test_annotating_without_declaring_is_reported():
 def test_a_quantizer_declaring_nothing_fails():
     empty = QuantizerInfo("empty", LinearQuantizer, ())
     assert [f.message for f in check_conformance(empty) if f.pattern == "-"] == ["declares no capabilities"]
+
+
+def test_an_instance_that_disagrees_with_its_registered_declaration_is_reported():
+    class Boastful(LinearQuantizer):
+        def quantization_capabilities(self):
+            return (Capability("linear", "static", ACT, W), Capability("add", "static", ACT))
+
+    failures = check_conformance(QuantizerInfo("lin", Boastful, (Capability("linear", "static", ACT, W),)))
+    assert [(f.pattern, f.mode) for f in failures] == [("add", "static")]
+    assert "returned by the instance's quantization_capabilities() but not declared to the registry" in (
+        failures[0].message
+    )
+
+
+def test_a_malformed_mode_option_is_a_reported_failure_not_a_type_error():
+    caps = (Capability("linear", "static", ACT, W), Capability("linear", "dynamic", ACT, W))
+    bad = QuantizerInfo("lin", LinearQuantizer, caps, mode_options={"dynamic": {"is_dynamc": True}})
+    failures = check_conformance(bad)
+    messages = [f.message for f in failures if f.mode == "dynamic"]
+    assert messages and all(
+        "factory(**{'is_dynamc': True}) (mode_options for 'dynamic') raised TypeError" in m for m in messages
+    ), messages
+
+
+def test_check_plugin_loads_the_plugin_and_checks_contributed_patterns():
+    class Conv3dQuantizer(qw.Quantizer):
+        def annotate(self, model):
+            for node in model.graph.nodes:
+                if node.target == aten.conv3d.default:
+                    qw.annotate_input_qspec_map(node, node.args[0], act_spec())
+                    qw.annotate_input_qspec_map(node, node.args[1], WEIGHT)
+                    qw.annotate_output_qspec(node, act_spec())
+                    qw.mark_annotated(node)
+            return model
+
+        def quantization_capabilities(self):
+            return (Capability("conv3d", "static", ACT, W),)
+
+    class Vendor:
+        QUANTWEAVE_PLUGIN_API = 2
+
+        @qw.hookimpl
+        def quantweave_patterns(self):
+            probe = lambda: (torch.nn.Conv3d(2, 4, 3), (torch.randn(1, 2, 5, 5, 5),))  # noqa: E731
+            return [PatternSpec("conv3d", "3-D convolution", ("aten.conv3d.default",), probe)]
+
+        @qw.hookimpl
+        def quantweave_quantizers(self):
+            return [QuantizerInfo("npu", Conv3dQuantizer, (Capability("conv3d", "static", ACT, W),))]
+
+    assert check_plugin(Vendor(), "vendor") == []
+
+    class WrongDtype(Conv3dQuantizer):
+        def quantization_capabilities(self):
+            return (Capability("conv3d", "static", TensorQuant("int8", -128, 127), W),)
+
+    class Liar(Vendor):
+        @qw.hookimpl
+        def quantweave_quantizers(self):
+            return [
+                QuantizerInfo("npu", WrongDtype, (Capability("conv3d", "static", TensorQuant("int8", -128, 127), W),))
+            ]
+
+    messages = [str(f) for f in check_plugin(Liar(), "vendor")]
+    assert any("vendor:npu [conv3d, static]: activation input" in m and "declared int8" in m for m in messages), (
+        messages
+    )
+    assert [str(f) for f in check_plugin(object(), "empty")] == [
+        "empty:- [-, -]: the plugin did not load (failed): does not declare QUANTWEAVE_PLUGIN_API "
+        "(the plugin-API version it targets)"
+    ]

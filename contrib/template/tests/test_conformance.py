@@ -3,7 +3,7 @@
 import pytest
 from quantweave_contrib_template import plugin
 
-from quantweave.testing.conformance import assert_conforms, capability_cases, check_capability
+from quantweave.testing.conformance import assert_plugin_conforms, capability_cases, check_capability
 
 (INFO,) = plugin.quantweave_quantizers()
 
@@ -13,5 +13,7 @@ def test_each_declared_capability_is_delivered(cap):
     assert check_capability(INFO, cap, plugin="template") == []
 
 
-def test_nothing_undeclared_is_annotated():
-    assert_conforms(INFO, plugin="template")
+def test_the_plugin_conforms_as_a_whole():
+    # loads the plugin module as the registry would, checks every quantizer, both declaration
+    # channels, and that nothing undeclared is annotated on any probe of the vocabulary
+    assert_plugin_conforms(plugin, name="template")

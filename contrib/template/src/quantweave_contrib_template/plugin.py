@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from quantweave.hookspecs import hookimpl
-from quantweave.registry import QuantizerInfo
+from quantweave.plugin_api import QuantizerInfo, hookimpl
 
 from .quantizer import CAPABILITIES, TemplateQuantizer
 
 #: The quantweave plugin-API version this plugin was written for.
-QUANTWEAVE_PLUGIN_API = 1
+QUANTWEAVE_PLUGIN_API = 2
 
 
 @hookimpl

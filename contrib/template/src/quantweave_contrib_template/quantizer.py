@@ -6,8 +6,8 @@ import torch
 from torch.fx import GraphModule, Node
 
 import quantweave as qw
-from quantweave.capabilities import Capability, Mode, TensorQuant
 from quantweave.observers import HistogramObserver, PerChannelMinMaxObserver, PlaceholderObserver
+from quantweave.plugin_api import Capability, Mode, TensorQuant, mark_annotated
 
 aten = torch.ops.aten
 
@@ -63,13 +63,13 @@ class TemplateQuantizer(qw.Quantizer):
             return
         qw.annotate_input_qspec_map(node, x, self.act)
         qw.annotate_input_qspec_map(node, weight, self.weight)
-        node.meta["quantization_annotation"]._annotated = True
+        mark_annotated(node)
         if self.is_dynamic:
             return  # dynamic: outputs stay float
         users = list(node.users)
         if len(users) == 1 and users[0].target in (aten.relu.default, aten.relu_.default):
             qw.annotate_output_qspec(users[0], self.act)
-            users[0].meta["quantization_annotation"]._annotated = True
+            mark_annotated(users[0])
         else:
             qw.annotate_output_qspec(node, self.act)
 

@@ -12,12 +12,17 @@ pattern, exports it with default (non-strict) ``torch.export``, runs the quantiz
 * nothing is annotated that the quantizer does not declare: every annotated node in every
   probe (declared or not) must be an op covered by a declared capability of that mode.
 
+The kit also checks that the registry's declaration and each configured instance's
+``quantization_capabilities()`` agree, and that a ``mode_options`` entry the factory
+rejects is a reported failure (not a ``TypeError``).
+
 Use from pytest (third-party plugins too)::
 
-    from quantweave.testing.conformance import assert_conforms, capability_cases, check_capability
+    from quantweave.testing.conformance import assert_plugin_conforms, capability_cases, check_capability
+    import myplugin.plugin
 
-    def test_my_plugin_conforms():
-        assert_conforms(my_quantizer_info, plugin="myplugin")
+    def test_my_plugin_conforms():  # every quantizer, with the patterns the plugin contributes
+        assert_plugin_conforms(myplugin.plugin, name="myplugin")
 
     # or one test per capability:
     @pytest.mark.parametrize("cap", capability_cases(my_quantizer_info))
@@ -27,8 +32,9 @@ Use from pytest (third-party plugins too)::
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -39,20 +45,25 @@ from torch.fx import GraphModule, Node
 from .._modules.graph import copy_graph_module
 from .._modules.sharing import collect_specs, group_specs
 from ..annotation import ANNOTATION_KEY, QuantizationAnnotation
-from ..capabilities import PATTERNS, Capability, Mode, TensorQuant, tensor_quant_from_spec
+from ..capabilities import Capability, Mode, PatternSpec, TensorQuant, core_patterns, tensor_quant_from_spec
 from ..convert import convert_pt2e
 from ..observers import FakeQuantizeBase
+from ..plugin_api import QuantizerInfo
 from ..prepare import prepare_pt2e, prepare_qat_pt2e
-from ..registry import QuantizerInfo
 
 __all__ = [
     "PROBES",
     "ConformanceFailure",
     "assert_conforms",
+    "assert_plugin_conforms",
     "capability_cases",
     "check_capability",
     "check_conformance",
+    "check_plugin",
 ]
+
+#: Extra vocabulary: patterns plugins contribute, by name (see ``check_plugin``).
+Vocabulary = Mapping[str, PatternSpec]
 
 
 class _Probe(nn.Module):
@@ -222,9 +233,17 @@ def _annotated_nodes(gm: GraphModule) -> list[Node]:
     return out
 
 
-def _export(pattern: str, mode: Mode) -> tuple[nn.Module, tuple[torch.Tensor, ...], GraphModule]:
+def _vocabulary(patterns: Vocabulary | None) -> dict[str, PatternSpec]:
+    return {**core_patterns(), **(patterns or {})}
+
+
+def _export(
+    pattern: str, mode: Mode, vocabulary: Mapping[str, PatternSpec]
+) -> tuple[nn.Module, tuple[torch.Tensor, ...], GraphModule]:
     torch.manual_seed(0)
-    model, inputs = PROBES[pattern]()
+    probe = vocabulary[pattern].probe
+    assert probe is not None
+    model, inputs = probe()
     model.train(mode is Mode.QAT)
     return model, inputs, torch.export.export(model, inputs).module()
 
@@ -262,7 +281,7 @@ def _describe(tq: TensorQuant | None) -> str:
 
 def _check_annotations(gm: GraphModule, cap: Capability) -> list[str]:
     problems: list[str] = []
-    anchor_op = PATTERNS[cap.pattern][1][0]
+    anchor_op = cap.ops[0]
     anchors = [n for n in gm.graph.nodes if n.op == "call_function" and _op_name(n) == anchor_op]
     if not anchors:
         return [f"the probe has no {anchor_op} node after transform_for_annotation"]
@@ -328,22 +347,49 @@ def _run_flow(
     return []
 
 
-def check_capability(info: QuantizerInfo, cap: Capability, plugin: str = "") -> list[ConformanceFailure]:
-    """Check one declared capability of ``info``; returns the failures (empty: conforms)."""
+def _build(info: QuantizerInfo, mode: Mode) -> Any:
+    """``info.factory`` configured for ``mode``; a bad ``mode_options`` entry is named."""
+    options = info.options_for(mode)
+    try:
+        return info.factory(**options)
+    except Exception as exc:
+        raise _BuildError(
+            f"factory(**{options!r}) (mode_options for {mode.value!r}) raised {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+class _BuildError(Exception):
+    pass
+
+
+def check_capability(
+    info: QuantizerInfo, cap: Capability, plugin: str = "", patterns: Vocabulary | None = None
+) -> list[ConformanceFailure]:
+    """Check one declared capability of ``info``; returns the failures (empty: conforms).
+
+    ``patterns``: patterns a plugin contributes (name -> PatternSpec), beyond the core vocabulary."""
 
     def fail(message: str) -> ConformanceFailure:
         return ConformanceFailure(plugin, info.name, cap.pattern, cap.mode.value, message)
 
-    if cap.pattern not in PROBES:
-        return [fail("the conformance kit has no probe for this pattern")]
+    vocabulary = _vocabulary(patterns)
+    if cap.pattern not in vocabulary:
+        return [fail("the pattern is neither in the core vocabulary nor among the contributed patterns given")]
+    if vocabulary[cap.pattern].probe is None:
+        return [fail("the conformance kit has no probe for this pattern (a contributed PatternSpec needs one)")]
+    if not cap.ops:
+        cap = replace(cap, ops=vocabulary[cap.pattern].ops)
     try:
-        quantizer = info.factory(**info.options_for(cap.mode))
-        _, inputs, exported = _export(cap.pattern, cap.mode)
+        quantizer = _build(info, cap.mode)
+    except _BuildError as exc:
+        return [fail(str(exc))]
+    try:
+        _, inputs, exported = _export(cap.pattern, cap.mode, vocabulary)
         annotated = _annotate(quantizer, exported)
     except Exception as exc:
         return [fail(f"annotating the probe raised {type(exc).__name__}: {exc}")]
     failures = [fail(p) for p in _check_annotations(annotated, cap)]
-    covered = {op for c in info.capabilities if c.mode is cap.mode for op in c.ops}
+    covered = _covered(info, cap.mode, vocabulary)
     failures += [fail(p) for p in _undeclared(annotated, covered, cap.mode)]
     if not failures:
         folds_bn = cap.mode is Mode.QAT and "aten.batch_norm.default" in cap.ops
@@ -351,28 +397,114 @@ def check_capability(info: QuantizerInfo, cap: Capability, plugin: str = "") -> 
     return failures
 
 
-def check_conformance(info: QuantizerInfo, plugin: str = "") -> list[ConformanceFailure]:
-    """Check every declared capability, and that undeclared patterns are left alone."""
+def _covered(info: QuantizerInfo, mode: Mode, vocabulary: Mapping[str, PatternSpec]) -> set[str]:
+    ops = set()
+    for c in info.capabilities:
+        if c.mode is mode:
+            ops.update(c.ops or (vocabulary[c.pattern].ops if c.pattern in vocabulary else ()))
+    return ops
+
+
+def _strip(cap: Capability) -> Capability:
+    return replace(cap, plugin="", quantizer="")
+
+
+def check_declaration_channels(info: QuantizerInfo, plugin: str = "") -> list[ConformanceFailure]:
+    """The registry's declaration (``info.capabilities``) and each configured instance's
+    ``quantization_capabilities()`` must agree, mode by mode."""
+    failures: list[ConformanceFailure] = []
+    for mode in sorted({c.mode for c in info.capabilities}, key=lambda m: m.value):
+        try:
+            quantizer = _build(info, mode)
+            delivered_caps = list(quantizer.quantization_capabilities())
+        except _BuildError as exc:
+            failures.append(ConformanceFailure(plugin, info.name, "-", mode.value, str(exc)))
+            continue
+        except Exception as exc:
+            message = f"quantization_capabilities() raised {type(exc).__name__}: {exc}"
+            failures.append(ConformanceFailure(plugin, info.name, "-", mode.value, message))
+            continue
+        declared = {_strip(c) for c in info.capabilities if c.mode is mode}
+        delivered = {_strip(c) for c in delivered_caps if isinstance(c, Capability) and c.mode is mode}
+        for cap in sorted(declared - delivered):
+            failures.append(
+                ConformanceFailure(
+                    plugin,
+                    info.name,
+                    cap.pattern,
+                    mode.value,
+                    "declared to the registry, but the instance's quantization_capabilities() does not return it "
+                    "(or returns it with other fields)",
+                )
+            )
+        for cap in sorted(delivered - declared):
+            failures.append(
+                ConformanceFailure(
+                    plugin,
+                    info.name,
+                    cap.pattern,
+                    mode.value,
+                    "returned by the instance's quantization_capabilities() but not declared to the registry "
+                    f"(QuantizerInfo.capabilities): {cap.activation} / {cap.weight}",
+                )
+            )
+    return failures
+
+
+def check_conformance(
+    info: QuantizerInfo, plugin: str = "", patterns: Vocabulary | None = None
+) -> list[ConformanceFailure]:
+    """Check every declared capability, that both declaration channels agree, and that
+    undeclared patterns are left alone (every probe of the vocabulary is tried)."""
     failures: list[ConformanceFailure] = []
     if not info.capabilities:
         failures.append(ConformanceFailure(plugin, info.name, "-", "-", "declares no capabilities"))
     for cap in info.capabilities:
-        failures += check_capability(info, cap, plugin)
+        failures += check_capability(info, cap, plugin, patterns)
+    failures += check_declaration_channels(info, plugin)
+    vocabulary = _vocabulary(patterns)
     declared = {c.key for c in info.capabilities}
     for mode in sorted({c.mode for c in info.capabilities}, key=lambda m: m.value):
-        covered = {op for c in info.capabilities if c.mode is mode for op in c.ops}
-        quantizer = info.factory(**info.options_for(mode))
-        for pattern in sorted(PROBES):
-            if (pattern, mode) in declared:
+        covered = _covered(info, mode, vocabulary)
+        try:
+            quantizer = _build(info, mode)
+        except _BuildError:
+            continue  # reported above
+        for pattern in sorted(vocabulary):
+            if (pattern, mode) in declared or vocabulary[pattern].probe is None:
                 continue
             try:
-                annotated = _annotate(quantizer, _export(pattern, mode)[2])
+                annotated = _annotate(quantizer, _export(pattern, mode, vocabulary)[2])
             except Exception as exc:
                 failures.append(ConformanceFailure(plugin, info.name, pattern, mode.value, f"annotate raised {exc!r}"))
                 continue
             for problem in _undeclared(annotated, covered, mode):
                 failures.append(ConformanceFailure(plugin, info.name, pattern, mode.value, problem))
     return failures
+
+
+def check_plugin(plugin: object, name: str = "plugin") -> list[ConformanceFailure]:
+    """Load ``plugin`` (a plugin module or object, as its entry point names it) into a
+    fresh plugin manager and check every quantizer it provides, with the patterns it
+    contributes. A plugin that does not load is one failure saying why."""
+    from ..registry import PluginManager
+
+    manager = PluginManager(entry_points=[], strict=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        record = manager.register(name, plugin)
+    if record.status != "loaded":
+        return [ConformanceFailure(name, "-", "-", "-", f"the plugin did not load ({record.status}): {record.error}")]
+    contributed = {n: p for n, p in manager.patterns().items() if p.origin == name}
+    failures: list[ConformanceFailure] = []
+    for info in manager.quantizer_infos().values():
+        failures += check_conformance(info, name, contributed)
+    return failures
+
+
+def assert_plugin_conforms(plugin: object, name: str = "plugin") -> None:
+    """Raise ``AssertionError`` listing every failure of :func:`check_plugin`."""
+    _raise_failures(check_plugin(plugin, name))
 
 
 def capability_cases(info: QuantizerInfo) -> list[Any]:
@@ -382,8 +514,11 @@ def capability_cases(info: QuantizerInfo) -> list[Any]:
     return [pytest.param(cap, id=f"{info.name}-{cap.pattern}-{cap.mode.value}") for cap in info.capabilities]
 
 
-def assert_conforms(info: QuantizerInfo, plugin: str = "") -> None:
+def assert_conforms(info: QuantizerInfo, plugin: str = "", patterns: Vocabulary | None = None) -> None:
     """Raise ``AssertionError`` listing every failure of :func:`check_conformance`."""
-    failures = check_conformance(info, plugin)
+    _raise_failures(check_conformance(info, plugin, patterns))
+
+
+def _raise_failures(failures: list[ConformanceFailure]) -> None:
     if failures:
         raise AssertionError(f"{len(failures)} conformance failure(s):\n" + "\n".join(f"  - {f}" for f in failures))

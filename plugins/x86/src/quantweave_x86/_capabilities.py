@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quantweave.capabilities import Capability, Mode, TensorQuant
+from quantweave.plugin_api import Capability, Mode, TensorQuant
 
 __all__ = ["declared_capabilities"]
 

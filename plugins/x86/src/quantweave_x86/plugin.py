@@ -8,13 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from quantweave.hookspecs import hookimpl
-from quantweave.quantizer import Quantizer
-from quantweave.registry import QuantizerInfo
+from quantweave.plugin_api import Quantizer, QuantizerInfo, hookimpl
 
 from ._capabilities import declared_capabilities
 
-QUANTWEAVE_PLUGIN_API = 1
+QUANTWEAVE_PLUGIN_API = 2
 
 
 def make_quantizer(**options: Any) -> Quantizer:

@@ -21,7 +21,7 @@ Unlike the peer, patterns are found on the exported aten graph itself (not throu
 partitions), so they are found under default non-strict ``torch.export``, with functional
 or module activations; standalone conv1d is quantized too. Configs are applied module name
 > operator type > global; ``None`` leaves the matched nodes float and records why in
-``node.meta[quantweave.report.SKIP_REASON_KEY]``.
+``node.meta[quantweave.plugin_api.SKIP_REASON_KEY]`` (through ``set_skip_reason``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ import torch.nn.functional as F
 from torch.fx import GraphModule, Node
 
 import quantweave as qw
-from quantweave.capabilities import Capability
 from quantweave.observers import (
     FakeQuantize,
     FusedMovingAvgObsFakeQuantize,
@@ -46,14 +45,14 @@ from quantweave.observers import (
     PerChannelMinMaxObserver,
     PlaceholderObserver,
 )
-from quantweave.report import SKIP_REASON_KEY
+from quantweave.plugin_api import ANNOTATION_KEY, Capability, is_annotated, mark_annotated, set_skip_reason
 
 from ._capabilities import declared_capabilities
 
 __all__ = ["X86InductorQuantizer", "declared_capabilities", "get_default_x86_inductor_quantization_config"]
 
 aten = torch.ops.aten
-KEY = "quantization_annotation"
+KEY = ANNOTATION_KEY
 
 _CONV2D = aten.conv2d.default
 _CONV1D = aten.conv1d.default
@@ -164,13 +163,8 @@ def _annotation(node: Node) -> Any:
     return node.meta.get(KEY)
 
 
-def _is_annotated(node: Node) -> bool:
-    annotation = _annotation(node)
-    return annotation is not None and bool(annotation._annotated)
-
-
 def _ends_quantized_pattern(node: Node) -> bool:
-    return _is_annotated(node) and bool(getattr(_annotation(node), "is_output_of_quantized_pattern", False))
+    return is_annotated(node) and bool(getattr(_annotation(node), "is_output_of_quantized_pattern", False))
 
 
 def _is_float_tensor(arg: Any) -> bool:
@@ -364,12 +358,13 @@ class _StageAnnotator:
     def claim(self, nodes: list[Node]) -> bool:
         """True when these nodes are free and this stage applies to them; a None config
         marks them float (later stages then skip them) and returns False."""
-        if any(_is_annotated(n) for n in nodes) or not self.stage.accepts(nodes):
+        if is_annotated(nodes) or not self.stage.accepts(nodes):
             return False
         if self.stage.config is None:
             for node in nodes:
-                node.meta[KEY] = X86Annotation(_annotated=True)
-                node.meta[SKIP_REASON_KEY] = f"{self.stage.description} configured None"
+                node.meta[KEY] = X86Annotation()
+                mark_annotated(node)
+                set_skip_reason(node, f"{self.stage.description} configured None")
             return False
         return True
 
@@ -403,9 +398,8 @@ class _StageAnnotator:
         bias = node.args[2] if len(node.args) > 2 else None
         if isinstance(bias, Node):
             input_map[bias] = self.bias
-        node.meta[KEY] = X86Annotation(
-            input_qspec_map=input_map, _annotated=True, is_output_of_quantized_pattern=ends_pattern
-        )
+        node.meta[KEY] = X86Annotation(input_qspec_map=input_map, is_output_of_quantized_pattern=ends_pattern)
+        mark_annotated(node)
 
     def mark(
         self, node: Node, input_map: dict[Node, Any] | None = None, ends_pattern: bool = True, output: bool = False
@@ -413,9 +407,9 @@ class _StageAnnotator:
         node.meta[KEY] = X86Annotation(
             input_qspec_map=input_map or {},
             output_qspec=self.act if output else None,
-            _annotated=True,
             is_output_of_quantized_pattern=ends_pattern,
         )
+        mark_annotated(node)
 
     @staticmethod
     def binary_partner(producer: Node) -> tuple[Node, Node] | None:
@@ -526,7 +520,7 @@ class _StageAnnotator:
                 self.mark(node, {a: self.act, b: self.act})
 
     def propagate(self, node: Node) -> None:
-        if node.op != "call_function" or node.target not in _PROPAGATE or _is_annotated(node):
+        if node.op != "call_function" or node.target not in _PROPAGATE or is_annotated(node):
             return
         inputs = node.all_input_nodes
         if not inputs:

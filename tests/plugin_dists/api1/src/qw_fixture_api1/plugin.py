@@ -1,0 +1,24 @@
+"""Entry point module: registered under the ``quantweave`` entry-point group."""
+
+from __future__ import annotations
+
+from quantweave.hookspecs import hookimpl
+from quantweave.registry import QuantizerInfo
+
+from .quantizer import CAPABILITIES, TemplateQuantizer
+
+#: The quantweave plugin-API version this plugin was written for.
+QUANTWEAVE_PLUGIN_API = 1
+
+
+@hookimpl
+def quantweave_quantizers() -> list[QuantizerInfo]:
+    return [
+        QuantizerInfo(
+            name="api1",
+            factory=TemplateQuantizer,
+            capabilities=CAPABILITIES,
+            description="int8 symmetric conv2d/linear (static) and linear (dynamic)",
+            mode_options={"dynamic": {"is_dynamic": True}},
+        )
+    ]

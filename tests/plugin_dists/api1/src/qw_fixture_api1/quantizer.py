@@ -1,0 +1,78 @@
+"""An int8 quantizer for conv2d and linear, written on quantweave's public API only."""
+
+from __future__ import annotations
+
+import torch
+from torch.fx import GraphModule, Node
+
+import quantweave as qw
+from quantweave.capabilities import Capability, Mode, TensorQuant
+from quantweave.observers import HistogramObserver, PerChannelMinMaxObserver, PlaceholderObserver
+
+aten = torch.ops.aten
+
+ACT = TensorQuant("int8", -128, 127, "per_tensor", symmetric=True)
+WEIGHT = TensorQuant("int8", -127, 127, "per_channel", symmetric=True)
+
+CAPABILITIES = (
+    Capability("conv2d", Mode.STATIC, ACT, WEIGHT),
+    Capability("conv2d_relu", Mode.STATIC, ACT, WEIGHT),
+    Capability("linear", Mode.STATIC, ACT, WEIGHT),
+    Capability("linear_relu", Mode.STATIC, ACT, WEIGHT),
+    Capability("linear", Mode.DYNAMIC, ACT, WEIGHT),
+)
+
+
+class TemplateQuantizer(qw.Quantizer):
+    """Static: conv2d / linear (+relu). Dynamic (``is_dynamic=True``): linear only."""
+
+    name = "api1"
+
+    def __init__(self, is_dynamic: bool = False) -> None:
+        if not isinstance(is_dynamic, bool):
+            raise TypeError(f"TemplateQuantizer: is_dynamic must be a bool; got {is_dynamic!r}")
+        self.is_dynamic = is_dynamic
+        self.act = qw.QuantizationSpec(
+            dtype=torch.int8,
+            quant_min=-128,
+            quant_max=127,
+            qscheme=torch.per_tensor_symmetric,
+            is_dynamic=is_dynamic,
+            observer_or_fake_quant_ctr=PlaceholderObserver if is_dynamic else HistogramObserver,
+        )
+        self.weight = qw.QuantizationSpec(
+            dtype=torch.int8,
+            quant_min=-127,
+            quant_max=127,
+            qscheme=torch.per_channel_symmetric,
+            ch_axis=0,
+            observer_or_fake_quant_ctr=PerChannelMinMaxObserver,
+        )
+
+    def annotate(self, model: GraphModule) -> GraphModule:
+        targets = (aten.linear.default,) if self.is_dynamic else (aten.linear.default, aten.conv2d.default)
+        for node in model.graph.nodes:
+            if node.op != "call_function" or node.target not in targets or qw.is_annotated(node):
+                continue
+            self._annotate_weighted(node)
+        return model
+
+    def _annotate_weighted(self, node: Node) -> None:
+        x, weight = node.args[0], node.args[1]
+        if not isinstance(x, Node) or not isinstance(weight, Node):
+            return
+        qw.annotate_input_qspec_map(node, x, self.act)
+        qw.annotate_input_qspec_map(node, weight, self.weight)
+        node.meta["quantization_annotation"]._annotated = True
+        if self.is_dynamic:
+            return  # dynamic: outputs stay float
+        users = list(node.users)
+        if len(users) == 1 and users[0].target in (aten.relu.default, aten.relu_.default):
+            qw.annotate_output_qspec(users[0], self.act)
+            users[0].meta["quantization_annotation"]._annotated = True
+        else:
+            qw.annotate_output_qspec(node, self.act)
+
+    def quantization_capabilities(self) -> tuple[Capability, ...]:
+        mode = Mode.DYNAMIC if self.is_dynamic else Mode.STATIC
+        return tuple(c for c in CAPABILITIES if c.mode is mode)
