@@ -39,10 +39,11 @@ STATIC_PATTERNS = (
 )
 #: Patterns a dynamic config annotates (conv only with a 4-D, non-depthwise weight).
 DYNAMIC_PATTERNS = ("conv2d", "conv_transpose2d", "linear")
-#: conv + batch norm (+ relu): annotated first by a QAT config. conv_transpose + batch norm
-#: (+ relu) is annotated too, but not declared: quantweave's QAT does not fold a batch norm
-#: into a transposed conv (it stays in the converted graph, float).
-QAT_ONLY_PATTERNS = ("conv2d_bn", "conv2d_bn_relu")
+#: conv + batch norm (+ relu): annotated first by a QAT config (an activation after the batch
+#: norm shares its qparams). conv_transpose + batch norm is not a pattern: quantweave's QAT
+#: does not fold a batch norm into a transposed conv, so the transposed conv is quantized
+#: alone and the batch norm stays float.
+QAT_ONLY_PATTERNS = ("conv2d_bn", "conv2d_bn_relu", "conv2d_bn_hardtanh", "conv2d_bn_relu6")
 _WEIGHTED = ("conv", "linear")
 
 

@@ -6,11 +6,11 @@ partitioner lowers the result):
 - int8 activations (per-tensor affine, ``[act_qmin, act_qmax]``, default [-128, 127]),
   int8 symmetric weights (per-tensor, or per-channel with ``is_per_channel``; default
   [-127, 127], 4-bit with ``weight_qmin=-8, weight_qmax=7``), float bias;
-- patterns, in this order (the first to claim a node wins): conv (transpose) + batch norm
-  (+ relu) [QAT configs], linear + relu, linear, conv, conv_transpose, conv + relu,
+- patterns, in this order (the first to claim a node wins): conv + batch norm (+ relu)
+  [QAT configs], linear + relu, linear, conv, conv_transpose, conv + relu,
   conv_transpose + relu, adaptive_avg_pool2d, add + relu, add, mul + relu, mul, cat.
   A dynamic config applies only linear, conv (4-D, non-depthwise weight) and
-  conv_transpose (plus the batch norm patterns when it is also QAT);
+  conv_transpose (plus conv + batch norm when it is also QAT);
 - a conv whose only user is relu is left to conv + relu; conv_transpose only with
   ``groups == 1``, its weight per-channel along axis 1 (its output channels);
 - add / mul: scalar operands become buffers first (:meth:`XNNPACKQuantizer.transform_for_annotation`);
@@ -109,7 +109,7 @@ _SHARE_QPARAMS = frozenset(
 _HISTC_LIMIT = 3.4028235e15
 
 
-@functools.lru_cache
+@functools.lru_cache(typed=True)
 def get_symmetric_quantization_config(
     is_per_channel: bool = False,
     is_qat: bool = False,
@@ -200,6 +200,21 @@ def _is_huge_scalar(node: Node) -> bool:
     return isinstance(value, torch.Tensor) and value.numel() == 1 and abs(float(value.item())) > _HISTC_LIMIT
 
 
+def _weight_shape(node: Any) -> tuple[int, ...] | None:
+    """Shape of a weight: from its fake value, or (a get_attr whose value a pass did not
+    record, e.g. a batch-norm-folded weight) from the tensor itself."""
+    val = _val(node)
+    if isinstance(val, torch.Tensor):
+        return tuple(val.shape)
+    if isinstance(node, Node) and node.op == "get_attr" and node.graph.owning_module is not None:
+        try:
+            value = _attr(node.graph.owning_module, str(node.target))
+        except AttributeError:
+            return None
+        return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+    return None
+
+
 def _module_paths(node: Node) -> list[str]:
     out = []
     for entry in node.meta.get("nn_module_stack", {}).values():
@@ -277,24 +292,20 @@ class _Patterns:
         if isinstance(bias, Node):
             qw.annotate_input_qspec_map(node, bias, config.bias)
 
-    def find_conv_bn(self, transpose: bool, with_relu: bool) -> Iterator[_Match]:
-        convs = _CONV_T if transpose else _CONV
+    def find_conv_bn(self, with_relu: bool) -> Iterator[_Match]:
         for conv in list(self.gm.graph.nodes):
-            if not _calls(conv, convs):
+            if not _calls(conv, _CONV):
                 continue
             bn = _only_user(conv)
-            if not _calls(bn, _BATCH_NORM) or bn is None or bn.args[0] is not conv:
+            if bn is None or not _calls(bn, _BATCH_NORM) or bn.args[0] is not conv:
                 continue
             relu = _only_user(bn) if with_relu else None
-            if with_relu and not _calls(relu, _RELU):
+            if with_relu and (relu is None or not _calls(relu, _RELU)):
                 continue
             last = relu if relu is not None else bn
-            assert last is not None
 
             def annotate(config: qw.QuantizationConfig, conv: Node = conv, last: Node = last) -> str | None:
-                if transpose and _conv_transpose_groups(conv) != 1:
-                    return "conv_transpose with groups != 1 is not quantized for XNNPACK"
-                self._weighted(conv, config, transpose)
+                self._weighted(conv, config, False)
                 qw.annotate_output_qspec(last, config.output_activation)
                 return None
 
@@ -342,7 +353,7 @@ class _Patterns:
                     return "conv_transpose with groups != 1 is not quantized for XNNPACK"
                 act = config.input_activation
                 if act is not None and act.is_dynamic:
-                    shape = getattr(_val(conv.args[1]), "shape", None)
+                    shape = _weight_shape(conv.args[1])
                     if shape is not None and len(shape) != 4:
                         return "dynamic quantization of conv needs a 4-D (conv2d) weight"
                     if not transpose and shape is not None and shape[1] == 1:
@@ -489,10 +500,10 @@ class _Pattern:
 
 
 _PATTERNS: tuple[_Pattern, ...] = (
-    _Pattern("conv_bn_relu", False, True, _CONV, lambda p: p.find_conv_bn(False, True)),
-    _Pattern("conv_bn", False, True, _CONV, lambda p: p.find_conv_bn(False, False)),
-    _Pattern("conv_transpose_bn_relu", False, True, _CONV_T, lambda p: p.find_conv_bn(True, True)),
-    _Pattern("conv_transpose_bn", False, True, _CONV_T, lambda p: p.find_conv_bn(True, False)),
+    _Pattern("conv_bn_relu", False, True, _CONV, lambda p: p.find_conv_bn(True)),
+    _Pattern("conv_bn", False, True, _CONV, lambda p: p.find_conv_bn(False)),
+    # no conv_transpose + batch norm: quantweave's QAT cannot fold batch norm into a transposed
+    # conv, so the transposed conv is quantized alone and the batch norm stays float
     _Pattern("linear_relu", False, False, _LINEAR, lambda p: p.find_linear_relu()),
     _Pattern("linear", True, False, _LINEAR, lambda p: p.find_linear()),
     _Pattern("conv", True, False, _CONV, lambda p: p.find_conv(False)),
