@@ -104,6 +104,7 @@ def test_capabilities_filters_and_json(capsys, pm):
         "quant_max": 255,
         "granularity": "per_tensor",
         "symmetric": False,
+        "ch_axis": None,
     }
     assert Capability.from_dict(record) == pm.quantization_capabilities(mode="dynamic")[0]
     _, out = run(capsys, pm, "capabilities", "--plugin", "beta")

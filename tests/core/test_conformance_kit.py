@@ -40,6 +40,7 @@ class LinearQuantizer(qw.Quantizer):
                 qw.annotate_input_qspec_map(node, node.args[0], self.act)
                 qw.annotate_input_qspec_map(node, node.args[1], WEIGHT)
                 qw.annotate_output_qspec(node, self.act)
+                qw.mark_annotated(node)
             elif node.target == aten.add.Tensor and self.also_add:
                 for arg in node.args[:2]:
                     qw.annotate_input_qspec_map(node, arg, self.act)

@@ -30,7 +30,7 @@ from .annotation import (
     mark_annotated,
     set_skip_reason,
 )
-from .capabilities import Capability, Mode, TensorQuant
+from .capabilities import FLOAT, Capability, Mode, Quant, TensorQuant
 from .compose import ComposableQuantizer
 from .convert import convert_pt2e
 from .errors import (
@@ -74,7 +74,9 @@ __all__ = [
     "ComposableQuantizer",
     "annotation_report",
     "Capability",
+    "FLOAT",
     "Mode",
+    "Quant",
     "PluginError",
     "PluginManager",
     "PluginWarning",

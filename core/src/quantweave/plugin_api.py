@@ -48,7 +48,7 @@ from .annotation import (
     mark_annotated,
     set_skip_reason,
 )
-from .capabilities import Capability, Mode, PatternSpec, TensorQuant
+from .capabilities import FLOAT, Capability, Mode, PatternSpec, Quant, TensorQuant
 from .quantizer import Quantizer
 
 __all__ = [
@@ -58,9 +58,11 @@ __all__ = [
     "PLUGIN_API_VERSION",
     "PROJECT",
     "SKIP_REASON_KEY",
+    "FLOAT",
     "Capability",
     "Mode",
     "PatternSpec",
+    "Quant",
     "Quantizer",
     "QuantizerInfo",
     "TensorQuant",

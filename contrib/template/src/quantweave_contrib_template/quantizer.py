@@ -7,19 +7,22 @@ from torch.fx import GraphModule, Node
 
 import quantweave as qw
 from quantweave.observers import HistogramObserver, PerChannelMinMaxObserver, PlaceholderObserver
-from quantweave.plugin_api import Capability, Mode, TensorQuant, mark_annotated
+from quantweave.plugin_api import FLOAT, Capability, Mode, Quant, TensorQuant, mark_annotated
 
 aten = torch.ops.aten
 
 ACT = TensorQuant("int8", -128, 127, "per_tensor", symmetric=True)
-WEIGHT = TensorQuant("int8", -127, 127, "per_channel", symmetric=True)
+WEIGHT = TensorQuant("int8", -127, 127, "per_channel", symmetric=True, ch_axis=0)
+OWN = Quant.quantized(ACT)  # the output gets its own qparams
 
+# What the whole pattern does: inputs, weight (axis 0), float bias, the output, and whether
+# a fused pattern runs as one unit (no quantize/dequantize between conv and relu).
 CAPABILITIES = (
-    Capability("conv2d", Mode.STATIC, ACT, WEIGHT),
-    Capability("conv2d_relu", Mode.STATIC, ACT, WEIGHT),
-    Capability("linear", Mode.STATIC, ACT, WEIGHT),
-    Capability("linear_relu", Mode.STATIC, ACT, WEIGHT),
-    Capability("linear", Mode.DYNAMIC, ACT, WEIGHT),
+    Capability("conv2d", Mode.STATIC, ACT, WEIGHT, output=OWN, bias=FLOAT),
+    Capability("conv2d_relu", Mode.STATIC, ACT, WEIGHT, output=OWN, bias=FLOAT, fused=True),
+    Capability("linear", Mode.STATIC, ACT, WEIGHT, output=OWN, bias=FLOAT),
+    Capability("linear_relu", Mode.STATIC, ACT, WEIGHT, output=OWN, bias=FLOAT, fused=True),
+    Capability("linear", Mode.DYNAMIC, ACT, WEIGHT, output=FLOAT, bias=FLOAT),
 )
 
 

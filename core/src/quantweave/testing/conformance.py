@@ -32,6 +32,7 @@ Use from pytest (third-party plugins too)::
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -43,9 +44,20 @@ from torch import nn
 from torch.fx import GraphModule, Node
 
 from .._modules.graph import copy_graph_module
+from .._modules.patterns import Chain, chain_of, matches
 from .._modules.sharing import collect_specs, group_specs
-from ..annotation import ANNOTATION_KEY, QuantizationAnnotation
-from ..capabilities import Capability, Mode, PatternSpec, TensorQuant, core_patterns, tensor_quant_from_spec
+from ..annotation import ANNOTATION_KEY, FixedQParamsQuantizationSpec, QuantizationAnnotation, is_annotated
+from ..capabilities import (
+    FLOAT,
+    Capability,
+    Mode,
+    PatternSpec,
+    Quant,
+    TensorQuant,
+    capability_sort_key,
+    core_patterns,
+    tensor_quant_from_spec,
+)
 from ..convert import convert_pt2e
 from ..observers import FakeQuantizeBase
 from ..plugin_api import QuantizerInfo
@@ -203,6 +215,38 @@ PROBES: dict[str, ProbeFactory] = {
 }
 
 
+class _Sweep(nn.Module):
+    """Many vocabulary ops in one graph, so that what a quantizer annotates where ops meet
+    (not only on one-pattern probes) is held against its declaration."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.conv3 = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.bn = nn.BatchNorm2d(8)
+        self.up = nn.ConvTranspose2d(8, 4, 2, stride=2)
+        self.fc1 = nn.Linear(8, 16)
+        self.fc2 = nn.Linear(16, 8)
+        self.norm = nn.LayerNorm(8)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a = F.relu(self.bn(self.conv1(x)))
+        b = F.max_pool2d(a, 2)
+        c = F.hardtanh(self.conv2(b)) + b
+        d = torch.cat([F.relu6(self.conv3(c)), c * torch.sigmoid(c)], 1)
+        e = F.adaptive_avg_pool2d(d[:, :8], 1).flatten(1)
+        f = F.gelu(self.fc1(self.norm(e)))
+        g = torch.softmax(self.fc2(f) + y, -1)
+        h = F.avg_pool2d(self.up(b), 2).mean((2, 3)).reshape(1, -1).permute(1, 0)
+        return g, torch.matmul(g.transpose(0, 1), g), h.view(-1), F.silu(c).squeeze(0)
+
+
+def sweep_probe() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """The vocabulary sweep model and its example inputs."""
+    return _Sweep(), (torch.randn(1, 3, 12, 12), torch.randn(1, 8))
+
+
 @dataclass(frozen=True)
 class ConformanceFailure:
     """One way a quantizer disagrees with its declaration."""
@@ -279,26 +323,36 @@ def _describe(tq: TensorQuant | None) -> str:
     return "not quantized" if tq is None else str(tq)
 
 
-def _check_annotations(gm: GraphModule, cap: Capability) -> list[str]:
-    problems: list[str] = []
-    anchor_op = cap.ops[0]
-    anchors = [n for n in gm.graph.nodes if n.op == "call_function" and _op_name(n) == anchor_op]
-    if not anchors:
-        return [f"the probe has no {anchor_op} node after transform_for_annotation"]
-    anchor = anchors[0]
+def _check_annotations(gm: GraphModule, cap: Capability, chain: Chain) -> list[str]:
+    """Every stated field of ``cap`` against the annotations on the first occurrence of the
+    pattern in the probe (problems name the node, the field, declared and found)."""
+    occurrences = matches(gm.graph, chain)
+    if not occurrences:
+        return [f"the probe has no {' -> '.join('|'.join(sorted(s)) for s in chain)} after transform_for_annotation"]
+    nodes = occurrences[0]
+    anchor, last = nodes[0], nodes[-1]
     specs = collect_specs(gm.graph)
     roots, concrete = group_specs(specs)
 
     def resolved(key: Any) -> Any:
         return concrete[roots[key]] if key in specs else None
 
-    if anchor not in _annotated_nodes(gm):
-        return [f"{anchor.name!r} ({anchor_op}) is not annotated"]
+    if anchor not in _annotated_nodes(gm) and not any(n in _annotated_nodes(gm) for n in nodes):
+        return [f"{anchor.name!r} ({_op_name(anchor)}) is not annotated"]
+    problems = [
+        f"{n.name!r} carries quantization specs but is not marked annotated (mark_annotated): a later quantizer "
+        "would annotate it again"
+        for n in nodes
+        if n in _annotated_nodes(gm) and not is_annotated(n)
+    ]
     want_dynamic = cap.mode is Mode.DYNAMIC
-    for producer in _activation_inputs(anchor):
+    inputs = _activation_inputs(anchor)
+    for producer in inputs:
         spec = resolved((producer, anchor))
         got = tensor_quant_from_spec(spec)
-        if got != cap.activation:
+        if (cap.activation is None and got is not None) or (
+            cap.activation is not None and not cap.activation.conforms(got)
+        ):
             problems.append(
                 f"activation input {producer.name!r} of {anchor.name!r}: declared {_describe(cap.activation)}, "
                 f"annotated {_describe(got)}"
@@ -311,24 +365,97 @@ def _check_annotations(gm: GraphModule, cap: Capability) -> list[str]:
     weight = _weight_input(anchor)
     if cap.weight is not None or weight is not None:
         got_w = tensor_quant_from_spec(resolved((weight, anchor))) if weight is not None else None
-        if got_w != cap.weight:
+        if not ((cap.weight is None and got_w is None) or (cap.weight is not None and cap.weight.conforms(got_w))):
             problems.append(
                 f"weight of {anchor.name!r}: declared {_describe(cap.weight)}, annotated {_describe(got_w)}"
             )
+    if cap.bias is not None:
+        bias = anchor.args[2] if len(anchor.args) > 2 and isinstance(anchor.args[2], Node) else None
+        if bias is None:
+            problems.append(
+                f"bias of {anchor.name!r}: declared {cap.bias}, but the probe's {anchor.name!r} has no bias"
+            )
+        else:
+            got_b = tensor_quant_from_spec(resolved((bias, anchor)))
+            ok = (
+                got_b is None
+                if cap.bias.kind == "float"
+                else cap.bias.tensor is not None and cap.bias.tensor.conforms(got_b)
+            )
+            if not ok:
+                problems.append(f"bias of {anchor.name!r}: declared {cap.bias}, annotated {_describe(got_b)}")
+    found = _output_found(last, anchor, inputs, specs, roots, resolved)
+    if cap.output is not None and not _output_conforms(cap.output, found):
+        problems.append(f"output of {last.name!r}: declared {cap.output}, annotated {found}")
+    elif cap.mode in (Mode.DYNAMIC, Mode.WEIGHT_ONLY) and found.kind not in ("float", "shared"):
+        problems.append(
+            f"output of {last.name!r}: in mode {cap.mode} an output stays float (or carries its input's run-time "
+            f"qparams); annotated {found}"
+        )
+    if cap.fused is not None and len(nodes) > 1:
+        for a, b in itertools.pairwise(nodes):
+            inside = a in specs or (a, b) in specs
+            if cap.fused and inside:
+                problems.append(
+                    f"fusion: declared {' + '.join(n.name for n in nodes)} as one quantized unit, but the edge "
+                    f"{a.name!r} -> {b.name!r} inside it is quantized"
+                )
     return problems
 
 
-def _undeclared(gm: GraphModule, covered: set[str], mode: Mode) -> list[str]:
+def _output_found(
+    last: Node, anchor: Node, inputs: list[Node], specs: Mapping[Any, Any], roots: Mapping[Any, Any], resolved: Any
+) -> Quant:
+    """What the annotations do to the output of ``last``, as a :class:`Quant`."""
+    spec = resolved(last)
+    tensor = tensor_quant_from_spec(spec)
+    if spec is None or tensor is None:
+        return FLOAT
+    for i, producer in enumerate(inputs):
+        if (producer, anchor) in specs and roots[(producer, anchor)] == roots[last]:
+            return Quant.shared(i)
+    if isinstance(spec, FixedQParamsQuantizationSpec):
+        return Quant.fixed(spec.scale, spec.zero_point, tensor)
+    return Quant.quantized(tensor)
+
+
+def _output_conforms(declared: Quant, found: Quant) -> bool:
+    if declared.kind != found.kind:
+        return False
+    if declared.kind == "quantized":
+        assert declared.tensor is not None
+        return declared.tensor.conforms(found.tensor)
+    if declared.kind == "fixed":
+        assert declared.tensor is not None and declared.scale is not None and found.scale is not None
+        return (
+            declared.tensor.conforms(found.tensor)
+            and declared.zero_point == found.zero_point
+            and abs(declared.scale - found.scale) <= 1e-9 * declared.scale
+        )
+    return declared == found
+
+
+def _covered_nodes(gm: GraphModule, chains: list[Chain]) -> set[Node]:
+    return {node for chain in chains for match in matches(gm.graph, chain) for node in match}
+
+
+def _undeclared(gm: GraphModule, chains: list[Chain], mode: Mode) -> list[str]:
+    covered = _covered_nodes(gm, chains)
     return [
-        f"annotates {n.name!r} ({_op_name(n)}) in mode {mode}, but no declared capability of that mode covers "
-        f"{_op_name(n)}"
+        f"annotates {n.name!r} ({_op_name(n)}) in mode {mode}, but no declared pattern of that mode occurs there "
+        "(a fused pattern covers its ops only where the whole pattern occurs)"
         for n in _annotated_nodes(gm)
-        if _op_name(n) not in covered
+        if n not in covered
     ]
 
 
 def _run_flow(
-    quantizer: Any, exported: GraphModule, inputs: tuple[torch.Tensor, ...], mode: Mode, folds_bn: bool = False
+    quantizer: Any,
+    exported: GraphModule,
+    inputs: tuple[torch.Tensor, ...],
+    mode: Mode,
+    folds_bn: bool = False,
+    fused: tuple[str, ...] = (),
 ) -> list[str]:
     try:
         if mode is Mode.QAT:
@@ -344,6 +471,14 @@ def _run_flow(
         return [f"the quantized probe does not run end to end: {type(exc).__name__}: {exc}"]
     if folds_bn and any(_op_name(n) == "aten.batch_norm.default" for n in converted.graph.nodes):
         return ["the batch norm of the quantized conv was not folded into it by convert_pt2e"]
+    by_name = {n.name: n for n in converted.graph.nodes}
+    for a, b in itertools.pairwise(name for name in fused if name in by_name):
+        if by_name[a] not in by_name[b].all_input_nodes:
+            between = [str(n.target).split(".")[-2] for n in by_name[b].all_input_nodes if n.op == "call_function"]
+            return [
+                f"fusion: after convert_pt2e, {b!r} does not consume {a!r} directly (found {', '.join(between)} "
+                "between them): the declared unit was split by quantize/dequantize"
+            ]
     return []
 
 
@@ -388,21 +523,26 @@ def check_capability(
         annotated = _annotate(quantizer, exported)
     except Exception as exc:
         return [fail(f"annotating the probe raised {type(exc).__name__}: {exc}")]
-    failures = [fail(p) for p in _check_annotations(annotated, cap)]
-    covered = _covered(info, cap.mode, vocabulary)
-    failures += [fail(p) for p in _undeclared(annotated, covered, cap.mode)]
+    chain = chain_of(cap.ops)
+    failures = [fail(p) for p in _check_annotations(annotated, cap, chain)]
+    failures += [fail(p) for p in _undeclared(annotated, _chains(info, cap.mode, vocabulary), cap.mode)]
     if not failures:
         folds_bn = cap.mode is Mode.QAT and "aten.batch_norm.default" in cap.ops
-        failures += [fail(p) for p in _run_flow(quantizer, exported, inputs, cap.mode, folds_bn)]
+        occurrence = matches(annotated.graph, chain)
+        fused = tuple(n.name for n in occurrence[0]) if cap.fused and occurrence else ()
+        failures += [fail(p) for p in _run_flow(quantizer, exported, inputs, cap.mode, folds_bn, fused)]
     return failures
 
 
-def _covered(info: QuantizerInfo, mode: Mode, vocabulary: Mapping[str, PatternSpec]) -> set[str]:
-    ops = set()
+def _chains(info: QuantizerInfo, mode: Mode, vocabulary: Mapping[str, PatternSpec]) -> list[Chain]:
+    """The op chains of every pattern ``info`` declares in ``mode``."""
+    chains = []
     for c in info.capabilities:
         if c.mode is mode:
-            ops.update(c.ops or (vocabulary[c.pattern].ops if c.pattern in vocabulary else ()))
-    return ops
+            ops = c.ops or (vocabulary[c.pattern].ops if c.pattern in vocabulary else ())
+            if ops:
+                chains.append(chain_of(ops))
+    return chains
 
 
 def _strip(cap: Capability) -> Capability:
@@ -426,7 +566,7 @@ def check_declaration_channels(info: QuantizerInfo, plugin: str = "") -> list[Co
             continue
         declared = {_strip(c) for c in info.capabilities if c.mode is mode}
         delivered = {_strip(c) for c in delivered_caps if isinstance(c, Capability) and c.mode is mode}
-        for cap in sorted(declared - delivered):
+        for cap in sorted(declared - delivered, key=capability_sort_key):
             failures.append(
                 ConformanceFailure(
                     plugin,
@@ -437,7 +577,7 @@ def check_declaration_channels(info: QuantizerInfo, plugin: str = "") -> list[Co
                     "(or returns it with other fields)",
                 )
             )
-        for cap in sorted(delivered - declared):
+        for cap in sorted(delivered - declared, key=capability_sort_key):
             failures.append(
                 ConformanceFailure(
                     plugin,
@@ -465,20 +605,24 @@ def check_conformance(
     vocabulary = _vocabulary(patterns)
     declared = {c.key for c in info.capabilities}
     for mode in sorted({c.mode for c in info.capabilities}, key=lambda m: m.value):
-        covered = _covered(info, mode, vocabulary)
+        chains = _chains(info, mode, vocabulary)
         try:
             quantizer = _build(info, mode)
         except _BuildError:
             continue  # reported above
-        for pattern in sorted(vocabulary):
-            if (pattern, mode) in declared or vocabulary[pattern].probe is None:
+        probes = [(p, vocabulary[p].probe) for p in sorted(vocabulary) if (p, mode) not in declared]
+        for pattern, probe in [*probes, ("<sweep>", sweep_probe)]:
+            if probe is None:
                 continue
             try:
-                annotated = _annotate(quantizer, _export(pattern, mode, vocabulary)[2])
+                torch.manual_seed(0)
+                model, example = probe()
+                model.train(mode is Mode.QAT)
+                annotated = _annotate(quantizer, torch.export.export(model, example).module())
             except Exception as exc:
                 failures.append(ConformanceFailure(plugin, info.name, pattern, mode.value, f"annotate raised {exc!r}"))
                 continue
-            for problem in _undeclared(annotated, covered, mode):
+            for problem in _undeclared(annotated, chains, mode):
                 failures.append(ConformanceFailure(plugin, info.name, pattern, mode.value, problem))
     return failures
 

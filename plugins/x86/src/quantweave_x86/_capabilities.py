@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quantweave.plugin_api import Capability, Mode, TensorQuant
+from quantweave.plugin_api import FLOAT, Capability, Mode, Quant, TensorQuant
 
 __all__ = ["declared_capabilities"]
 
@@ -45,15 +45,23 @@ _QAT_BN_PATTERNS = (
 _WEIGHTED = ("conv", "linear")
 
 
+# ops that take their input's qparams (quantized only when their input is)
+_SHARES_INPUT = ("cat", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "flatten")
+
+
 def declared_capabilities(
     is_dynamic: bool = False, reduce_range: bool = False, enable_matmul: bool = False, is_qat: bool = False
 ) -> tuple[Capability, ...]:
     """What an ``X86InductorQuantizer`` with these options annotates (conformance-tested).
 
-    ``is_qat`` declares the QAT mode: the conv + batch norm patterns, then everything the
-    post-training recipe annotates (with fake-quantizers)."""
+    Conv and linear quantize their inputs (uint8 per-tensor activations, int8 per-channel
+    symmetric weights on axis 0, float bias) and leave their output float for the next
+    quantized op to quantize; a fused pattern (conv + relu, linear + add, ...) is one unit
+    with no quantize/dequantize inside. Pooling, cat and flatten share their input's
+    qparams. ``is_qat`` declares the QAT mode: the conv + batch norm patterns, whose last
+    op fake-quantizes its own output, then everything the post-training recipe annotates."""
     act = TensorQuant("uint8", 0, 127 if reduce_range else 255, "per_tensor", symmetric=False)
-    weight = TensorQuant("int8", -128, 127, "per_channel", symmetric=True)
+    weight = TensorQuant("int8", -128, 127, "per_channel", symmetric=True, ch_axis=0)
     patterns: tuple[str, ...]
     if is_qat:
         mode = Mode.QAT
@@ -62,6 +70,24 @@ def declared_capabilities(
         mode = Mode.DYNAMIC if is_dynamic else Mode.STATIC
         patterns = _STATIC_PATTERNS
     patterns += ("matmul",) if enable_matmul else ()
-    return tuple(
-        Capability(p, mode, act, weight if p.startswith(_WEIGHTED) else None, quantizer="x86") for p in patterns
-    )
+
+    def capability(pattern: str) -> Capability:
+        weighted = pattern.startswith(_WEIGHTED)
+        if pattern in _SHARES_INPUT:
+            output = Quant.shared(0)
+        elif pattern in _QAT_BN_PATTERNS:
+            output = Quant.quantized(act)
+        else:
+            output = FLOAT
+        return Capability(
+            pattern,
+            mode,
+            act,
+            weight if weighted else None,
+            quantizer="x86",
+            output=output,
+            bias=FLOAT if weighted else None,
+            fused=True if "_" in pattern and pattern not in _SHARES_INPUT else None,
+        )
+
+    return tuple(capability(p) for p in patterns)
