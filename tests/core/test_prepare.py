@@ -1,10 +1,12 @@
 """prepare_pt2e: non-mutation contract, BN folding, sharing groups and their errors."""
 
+import dataclasses
+
 import pytest
 import torch
 
 import quantweave as qw
-from quantweave.observers import MinMaxObserver, ObserverBase
+from quantweave.observers import FakeQuantize, MinMaxObserver, ObserverBase
 from quantweave.testing.models import resnet18_like
 from quantweave.testing.reference import make_reference_quantizer
 from tests.helpers import export
@@ -278,3 +280,83 @@ def test_errors_leave_the_callers_model_untouched():
 def test_prepare_rejects_a_plain_module():
     with pytest.raises(TypeError, match=r"prepare_pt2e expects a torch.fx.GraphModule .*got TwoReluCat"):
         qw.prepare_pt2e(TwoReluCat(), FnQuantizer(lambda m: None))
+
+
+@dataclasses.dataclass
+class TaggedAnnotation(qw.QuantizationAnnotation):
+    """A backend's annotation subclass with a field of its own (like quantweave_x86's)."""
+
+    tag: str = ""
+
+
+@dataclasses.dataclass(eq=True, frozen=True)
+class TaggedShared(qw.SharedQuantizationSpec):
+    tag: str = ""
+
+
+@dataclasses.dataclass(eq=True, frozen=True)
+class TaggedDerived(qw.DerivedQuantizationSpec):
+    tag: str = ""
+
+
+def test_annotations_remapped_onto_the_copy_keep_their_subclasses_and_fields():
+    gm = export(TwoReluCat(), torch.randn(2, 3), torch.randn(2, 3))
+    cat = nodes(gm, aten.cat.default)[0]
+    first, second = cat.args[0]
+    shared = TaggedShared((first, cat), tag="spec field")
+    cat.meta[KEY] = TaggedAnnotation(input_qspec_map={first: act(), second: shared}, tag="annotation field")
+    prepared = qw.prepare_pt2e(gm, FnQuantizer(lambda m: None))
+    (new_cat,) = nodes(prepared, aten.cat.default)
+    annotation = new_cat.meta[KEY]
+    assert type(annotation) is TaggedAnnotation and annotation.tag == "annotation field"
+    new_first, new_second = (n for n in prepared.graph.nodes if n.name in (first.name, second.name))
+    assert set(annotation.input_qspec_map) == {new_first, new_second}, "keys name the copy's nodes"
+    spec = annotation.input_qspec_map[new_second]
+    assert type(spec) is TaggedShared and spec.tag == "spec field"
+    assert spec.edge_or_node == (new_first, new_cat), "the shared edge names the copy's nodes"
+    assert cat.meta[KEY].input_qspec_map[second] is shared, "the caller's annotation is left as it was"
+
+
+def test_qat_edge_rewrite_keeps_annotation_and_spec_subclasses():
+    class ConvBn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3)
+            self.bn = torch.nn.BatchNorm2d(4)
+
+        def forward(self, x):
+            return self.bn(self.conv(x))
+
+    fake_act = qw.QuantizationSpec(
+        dtype=torch.uint8, observer_or_fake_quant_ctr=FakeQuantize, qscheme=torch.per_tensor_affine
+    )
+    fake_weight = qw.QuantizationSpec(
+        dtype=torch.int8,
+        quant_min=-127,
+        quant_max=127,
+        observer_or_fake_quant_ctr=FakeQuantize,
+        qscheme=torch.per_tensor_symmetric,
+    )
+
+    def annotate(gm):
+        conv = nodes(gm, aten.conv2d.default)[0]
+        x, weight, bias = conv.args[:3]
+        derived = TaggedDerived(
+            derived_from=[(x, conv), (weight, conv)],
+            derive_qparams_fn=lambda observers: (torch.tensor(1.0), torch.tensor(0)),
+            dtype=torch.int32,
+            tag="bias spec",
+        )
+        conv.meta[KEY] = TaggedAnnotation(input_qspec_map={x: fake_act, weight: fake_weight, bias: derived}, tag="conv")
+
+    exported = export(ConvBn().train(), torch.randn(2, 3, 8, 8))
+    prepared = qw.prepare_qat_pt2e(exported, FnQuantizer(annotate))
+    (conv,) = nodes(prepared, aten.conv2d.default)
+    scaled_weight = conv.args[1].args[0]  # conv <- weight fake-quantizer <- weight * bn scale
+    assert scaled_weight.target is aten.mul.Tensor, prepared.graph
+    annotation = conv.meta[KEY]
+    assert type(annotation) is TaggedAnnotation and annotation.tag == "conv"
+    assert scaled_weight in annotation.input_qspec_map, "the weight edge names the rewritten weight"
+    (derived,) = (s for s in annotation.input_qspec_map.values() if isinstance(s, qw.DerivedQuantizationSpec))
+    assert type(derived) is TaggedDerived and derived.tag == "bias spec"
+    assert derived.derived_from[1] == (scaled_weight, conv)

@@ -25,6 +25,17 @@ from typing import Any
 import torch
 from torch.fx import Node
 
+from ._modules.qtypes import (
+    INTEGER_DTYPE_RANGES,
+    INTEGER_DTYPES,
+    PER_CHANNEL_QSCHEMES,
+    PER_TENSOR_QSCHEMES,
+    QSCHEMES,
+    dtype_range,
+    is_integer_dtype,
+    is_per_channel,
+)
+
 __all__ = [
     "ANNOTATION_KEY",
     "EdgeOrNode",
@@ -62,29 +73,21 @@ ANNOTATED_BY_KEY = "quantweave_annotated_by"
 #: An input edge ``(producer, consumer)`` or a node (meaning: that node's output).
 EdgeOrNode = tuple[Node, Node] | Node
 
-_INTEGER_DTYPES: dict[torch.dtype, tuple[int, int]] = {
-    torch.uint8: (0, 255),
-    torch.int8: (-128, 127),
-    torch.uint16: (0, 65535),
-    torch.int16: (-32768, 32767),
-    torch.int32: (-(2**31), 2**31 - 1),
-}
-_PER_TENSOR = (torch.per_tensor_affine, torch.per_tensor_symmetric)
-_PER_CHANNEL = (
-    torch.per_channel_affine,
-    torch.per_channel_symmetric,
-    torch.per_channel_affine_float_qparams,
-)
+# The dtype and qscheme tables live in quantweave._modules.qtypes, once for the engine
+# (these names are aliases for the code below that still uses them).
+_INTEGER_DTYPES = INTEGER_DTYPE_RANGES
+_PER_TENSOR = PER_TENSOR_QSCHEMES
+_PER_CHANNEL = PER_CHANNEL_QSCHEMES
 
 
 def _dtype_names() -> str:
-    return ", ".join(str(d) for d in _INTEGER_DTYPES)
+    return ", ".join(str(d) for d in INTEGER_DTYPES)
 
 
 def _check_range(kind: str, dtype: Any, quant_min: int | None, quant_max: int | None) -> None:
-    if dtype not in _INTEGER_DTYPES:
+    if not is_integer_dtype(dtype):
         raise ValueError(f"{kind}: dtype must be one of {_dtype_names()}; got {dtype!r}")
-    lo, hi = _INTEGER_DTYPES[dtype]
+    lo, hi = dtype_range(dtype)
     for name, value in (("quant_min", quant_min), ("quant_max", quant_max)):
         if value is None:
             continue
@@ -99,10 +102,10 @@ def _check_range(kind: str, dtype: Any, quant_min: int | None, quant_max: int | 
 def _check_qscheme(kind: str, qscheme: Any, ch_axis: int | None) -> None:
     if qscheme is None:
         return
-    if qscheme not in _PER_TENSOR + _PER_CHANNEL:
-        names = ", ".join(str(q) for q in _PER_TENSOR + _PER_CHANNEL)
+    if qscheme not in QSCHEMES:
+        names = ", ".join(str(q) for q in QSCHEMES)
         raise ValueError(f"{kind}: qscheme must be one of {names}; got {qscheme!r}")
-    if qscheme in _PER_CHANNEL and ch_axis is None:
+    if is_per_channel(qscheme) and ch_axis is None:
         raise ValueError(f"{kind}: qscheme {qscheme} is per-channel and needs ch_axis; got None")
 
 

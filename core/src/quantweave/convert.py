@@ -14,7 +14,6 @@ again (e.g. with ``fold_quantize=False``).
 from __future__ import annotations
 
 import copy
-import functools
 import operator
 from typing import Any
 
@@ -24,6 +23,7 @@ from torch.fx import GraphModule, Node
 from ._modules.graph import (
     check_graph_module,
     copy_graph_module,
+    erase_dead,
     evaluate_constant,
     is_constant,
     new_attr_name,
@@ -32,29 +32,23 @@ from ._modules.graph import (
     set_attr_value,
 )
 from ._modules.qat_conv_bn import fold_simulated_conv_bn
+from ._modules.qtypes import dtype_range, integer_dtype, is_integer_dtype, is_per_channel
+from ._modules.torch_compat import quantized_decomposed_ops
 from .errors import ConvertError, ObserverNotCalibratedError
 from .observers import is_calibrated, is_observer_module
 
 __all__ = ["convert_pt2e", "dequantize_ops", "quantize_ops"]  # QUANTIZE_OPS/DEQUANTIZE_OPS via __getattr__
 
 
-@functools.cache
-def _decomposed_ops() -> Any:
-    """``torch.ops.quantized_decomposed``, registered on first use (keeps ``import quantweave`` cheap)."""
-    import torch.ao.quantization.fx._decomposed  # registers the ops as a side effect
-
-    return torch.ops.quantized_decomposed
-
-
 def quantize_ops() -> tuple[Any, ...]:
     """The quantize ops convert emits."""
-    qd = _decomposed_ops()
+    qd = quantized_decomposed_ops()
     return (qd.quantize_per_tensor.default, qd.quantize_per_tensor.tensor, qd.quantize_per_channel.default)
 
 
 def dequantize_ops() -> tuple[Any, ...]:
     """The dequantize ops convert emits."""
-    qd = _decomposed_ops()
+    qd = quantized_decomposed_ops()
     return (qd.dequantize_per_tensor.default, qd.dequantize_per_tensor.tensor, qd.dequantize_per_channel.default)
 
 
@@ -66,17 +60,6 @@ def __getattr__(name: str) -> Any:  # QUANTIZE_OPS / DEQUANTIZE_OPS, computed on
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-_UNDERLYING_DTYPE = {
-    torch.quint8: torch.uint8,
-    torch.qint8: torch.int8,
-    torch.qint32: torch.int32,
-}
-_INTEGER_DTYPES = (torch.uint8, torch.int8, torch.uint16, torch.int16, torch.int32)
-_PER_CHANNEL = (
-    torch.per_channel_affine,
-    torch.per_channel_symmetric,
-    torch.per_channel_affine_float_qparams,
-)
 _CHOOSE_QPARAMS = {
     torch.per_tensor_affine: "choose_qparams",
     torch.per_tensor_symmetric: "choose_qparams_symmetric",
@@ -114,7 +97,7 @@ def convert_pt2e(model: GraphModule, fold_quantize: bool = True) -> GraphModule:
         _replace_observer(gm, node, module, fold, constant_values, qparams_cache)
         if fold:
             folded_inputs.append(source)
-    _remove_dead_constants(gm, folded_inputs)
+    erase_dead(gm.graph, folded_inputs)  # float weight chains the folding left without users
     _one_dequantize_per_user(gm)
     return rebuild(gm)
 
@@ -165,17 +148,16 @@ def _check_calibrated(gm: GraphModule, observer_nodes: list[Node]) -> None:
 
 def _quant_settings(module: torch.nn.Module) -> tuple[Any, ...]:
     """(dtype, qscheme, quant_min, quant_max) of an observer, with torch.q* dtypes unwrapped."""
-    dtype: Any = getattr(module, "dtype", None)
-    dtype = _UNDERLYING_DTYPE.get(dtype, dtype)
+    dtype = integer_dtype(getattr(module, "dtype", None))
     qscheme = getattr(module, "qscheme", torch.per_tensor_affine)
     quant_min = getattr(module, "quant_min", None)
     quant_max = getattr(module, "quant_max", None)
     if quant_min is None or quant_max is None:
-        if dtype not in _INTEGER_DTYPES:
+        if not is_integer_dtype(dtype):
             return dtype, qscheme, 0, 0
-        info = torch.iinfo(dtype)
-        quant_min = info.min if quant_min is None else quant_min
-        quant_max = info.max if quant_max is None else quant_max
+        lo, hi = dtype_range(dtype)
+        quant_min = lo if quant_min is None else quant_min
+        quant_max = hi if quant_max is None else quant_max
     return dtype, qscheme, int(quant_min), int(quant_max)
 
 
@@ -188,12 +170,12 @@ def _replace_observer(
     qparams_cache: dict[int, tuple[Any, Any]],
 ) -> None:
     graph = gm.graph
-    _qd = _decomposed_ops()
+    _qd = quantized_decomposed_ops()
     source = node.args[0]
     assert isinstance(source, Node)
     name = str(node.target)
     dtype, qscheme, quant_min, quant_max = _quant_settings(module)
-    if dtype not in _INTEGER_DTYPES:
+    if not is_integer_dtype(dtype):
         # float "observers" (e.g. a float PlaceholderObserver) mean: leave the tensor as is
         node.replace_all_uses_with(source)
         graph.erase_node(node)
@@ -229,7 +211,7 @@ def _replace_observer(
     if id(module) not in qparams_cache:
         qparams_cache[id(module)] = module.calculate_qparams()  # type: ignore[operator]
     scale_t, zero_point_t = qparams_cache[id(module)]
-    if qscheme in _PER_CHANNEL:
+    if is_per_channel(qscheme):
         axis = int(module.ch_axis)  # type: ignore[arg-type]
         scale_name = new_attr_name(gm, f"{name}_scale_")
         zp_name = new_attr_name(gm, f"{name}_zero_point_")
@@ -260,20 +242,6 @@ def _replace_observer(
     dequant.meta["val"] = val
     node.replace_all_uses_with(dequant)
     graph.erase_node(node)
-
-
-def _remove_dead_constants(gm: GraphModule, roots: list[Node]) -> None:
-    """Erase float weight chains that folding left without users."""
-    pending = list(roots)
-    while pending:
-        node = pending.pop()
-        if node.users or node not in gm.graph.nodes:
-            continue
-        if node.op not in ("get_attr", "call_function"):
-            continue
-        inputs = node.all_input_nodes
-        gm.graph.erase_node(node)
-        pending.extend(inputs)
 
 
 def _one_dequantize_per_user(gm: GraphModule) -> None:

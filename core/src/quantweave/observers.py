@@ -1,8 +1,10 @@
 """The single place quantweave takes observers and fake-quantizers from.
 
-Everything else in quantweave imports observer classes from here, so a torch without
-``torch.ao.quantization`` needs one change: this module. ``DerivedObserver`` and the
-calibration check are our own.
+Everything else in quantweave imports observer classes from here. They are torch's
+(``torch.ao.quantization``), imported through ``quantweave._modules.torch_compat`` -- the
+one module that touches torch's private and deprecated API -- so a torch without them
+needs one change, there. ``DerivedObserver``, the faster ``HistogramObserver`` search and
+the calibration check are our own.
 """
 
 from __future__ import annotations
@@ -12,14 +14,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.ao.quantization.fake_quantize import (
+
+from ._modules.torch_compat import (
     FakeQuantize,
     FakeQuantizeBase,
     FixedQParamsFakeQuantize,
-    FusedMovingAvgObsFakeQuantize,
-)
-from torch.ao.quantization.observer import (
     FixedQParamsObserver,
+    FusedMovingAvgObsFakeQuantize,
+    HistogramObserverHooks,
     MinMaxObserver,
     MovingAverageMinMaxObserver,
     MovingAveragePerChannelMinMaxObserver,
@@ -27,7 +29,6 @@ from torch.ao.quantization.observer import (
     PerChannelMinMaxObserver,
     PlaceholderObserver,
 )
-from torch.ao.quantization.observer import HistogramObserver as _TorchHistogramObserver
 
 __all__ = [
     "DerivedObserver",
@@ -54,16 +55,16 @@ def _to_float32(value: float) -> float:
     return result
 
 
-class HistogramObserver(_TorchHistogramObserver):
+class HistogramObserver(HistogramObserverHooks):
     """torch's HistogramObserver with the same min/max search run on Python floats.
 
-    ``_non_linear_param_search`` walks the cumulative histogram in steps of 1e-5 of the
-    total; torch indexes a tensor at every step. This version makes the same comparisons
-    (float32 cumulative sums against thresholds rounded to float32, as tensor comparison
-    does) on a list, so it returns identical qparams, several times faster.
+    torch's search walks the cumulative histogram in steps of 1e-5 of the total and
+    indexes a tensor at every step. This version makes the same comparisons (float32
+    cumulative sums against thresholds rounded to float32, as tensor comparison does) on a
+    list, so it returns identical qparams, several times faster.
     """
 
-    def _non_linear_param_search(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def search_min_max(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.histogram.size()[0] != self.bins:
             raise AssertionError("bins mismatch")
         bin_width = (self.max_val - self.min_val) / self.bins
@@ -91,7 +92,7 @@ class HistogramObserver(_TorchHistogramObserver):
                 beta = next_beta
             if next_start_bin == start_bin and next_end_bin == end_bin:
                 continue
-            norm = self._compute_quantization_error(next_start_bin, next_end_bin)
+            norm = self.quantization_error(next_start_bin, next_end_bin)
             if norm > norm_min:
                 break
             norm_min = norm

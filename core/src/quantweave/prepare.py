@@ -13,23 +13,23 @@ derived) → ``quantizer.prepare_obs_or_fq_callback`` → observers inserted as
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.fx import GraphModule, Node
 
 from ._modules.bn_fold import fold_batch_norm
-from ._modules.graph import check_graph_module, copy_graph_module, iter_input_nodes, rebuild, set_attr_value
+from ._modules.graph import (
+    check_graph_module,
+    copy_graph_module,
+    iter_input_nodes,
+    rebuild,
+    remap_annotations,
+    set_attr_value,
+)
 from ._modules.qat_conv_bn import simulate_conv_bn
 from ._modules.sharing import build_observers, collect_specs
-from .annotation import (
-    ANNOTATION_KEY,
-    DerivedQuantizationSpec,
-    EdgeOrNode,
-    QuantizationAnnotation,
-    SharedQuantizationSpec,
-)
+from .annotation import ANNOTATION_KEY, EdgeOrNode, QuantizationAnnotation
 from .errors import AnnotationError
 
 if TYPE_CHECKING:
@@ -69,7 +69,9 @@ def _prepare(model: GraphModule, quantizer: Quantizer, is_qat: bool) -> GraphMod
     api = "prepare_qat_pt2e" if is_qat else "prepare_pt2e"
     check_graph_module(model, api)
     gm, node_map = copy_graph_module(model)
-    _remap_existing_annotations(gm, node_map)
+    # annotations made on the caller's graph before prepare name the caller's nodes: the
+    # copy gets its own annotation objects, naming its own nodes
+    remap_annotations(gm.graph, node_map)
     if is_qat:
         _own_tensors(gm)
     else:
@@ -99,44 +101,6 @@ def _own_tensors(gm: GraphModule) -> None:
             set_attr_value(gm, name, torch.nn.Parameter(param.detach().clone(), requires_grad=param.requires_grad))
         for name, buffer in list(gm.named_buffers()):
             set_attr_value(gm, name, buffer.detach().clone())
-
-
-def _remap_spec(spec: Any, node_map: dict[Node, Node]) -> Any:
-    def key(k: EdgeOrNode) -> EdgeOrNode:
-        if isinstance(k, Node):
-            return node_map.get(k, k)
-        return (node_map.get(k[0], k[0]), node_map.get(k[1], k[1]))
-
-    if isinstance(spec, SharedQuantizationSpec):
-        return SharedQuantizationSpec(key(spec.edge_or_node))
-    if isinstance(spec, DerivedQuantizationSpec):
-        return DerivedQuantizationSpec(
-            derived_from=[key(k) for k in spec.derived_from],
-            derive_qparams_fn=spec.derive_qparams_fn,
-            dtype=spec.dtype,
-            quant_min=spec.quant_min,
-            quant_max=spec.quant_max,
-            qscheme=spec.qscheme,
-            ch_axis=spec.ch_axis,
-            is_dynamic=spec.is_dynamic,
-        )
-    return spec
-
-
-def _remap_existing_annotations(gm: GraphModule, node_map: dict[Node, Node]) -> None:
-    """Annotations made on the caller's graph before prepare refer to the caller's nodes;
-    give the copy its own annotation objects that refer to the copy's nodes."""
-    for node in gm.graph.nodes:
-        annotation = node.meta.get(ANNOTATION_KEY)
-        if not isinstance(annotation, QuantizationAnnotation):
-            continue
-        node.meta[ANNOTATION_KEY] = dataclasses.replace(  # keeps subclasses and their fields
-            annotation,
-            input_qspec_map={
-                node_map.get(k, k): _remap_spec(v, node_map) for k, v in annotation.input_qspec_map.items()
-            },
-            output_qspec=_remap_spec(annotation.output_qspec, node_map),
-        )
 
 
 def _is_tensor_output(node: Node) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch.fx import GraphModule
 
+from ._modules.batch_norm import BATCH_NORM_TRAINING_ARG
 from ._modules.graph import check_graph_module
 
 __all__ = ["move_exported_model_to_eval", "move_exported_model_to_train"]
@@ -19,7 +20,7 @@ __all__ = ["move_exported_model_to_eval", "move_exported_model_to_train"]
 aten = torch.ops.aten
 # op -> index of its "training" argument
 _MODE_ARGUMENT = {
-    aten.batch_norm.default: 5,
+    aten.batch_norm.default: BATCH_NORM_TRAINING_ARG,
     aten.dropout.default: 2,
     aten.feature_dropout.default: 2,
     aten.alpha_dropout.default: 2,

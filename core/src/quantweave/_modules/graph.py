@@ -1,13 +1,23 @@
-"""Graph utilities shared by prepare and convert."""
+"""Graph utilities shared by prepare, convert and the graph rewrites."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, cast
 
 import torch
 from torch.fx import Graph, GraphModule, Node
+
+from ..annotation import (
+    ANNOTATION_KEY,
+    DerivedQuantizationSpec,
+    EdgeOrNode,
+    QuantizationAnnotation,
+    SharedQuantizationSpec,
+)
+from .torch_compat import empty_graph_like, lazy_graph_module
 
 # Node.meta keys that follow a tensor when quantize/dequantize nodes are put around it.
 PORTED_META_KEYS = ("stack_trace", "nn_module_stack", "source_fn_stack", "quantization_tag")
@@ -29,29 +39,19 @@ def copy_graph_module(model: GraphModule) -> tuple[GraphModule, dict[Node, Node]
     the container modules are new, so ``setattr`` on the copy never reaches ``model``.
     Node meta dicts are shallow-copied, so what is written into them stays on the copy.
     """
-    graph = Graph(tracer_cls=model.graph._tracer_cls)
+    graph = empty_graph_like(model.graph)  # same tracer class and pytree in/out specs
     node_map: dict[Node, Node] = {}
     copied = graph.graph_copy(model.graph, node_map, return_output_node=True)
-    graph._codegen = model.graph._codegen  # pytree specs: immutable, shared
     if copied is not None:
         output_value, old_output = cast(tuple[Any, Node], copied)
         new_output = graph.output(output_value, type_expr=getattr(old_output, "type", None))
         new_output.meta = copy.copy(old_output.meta)
         node_map[old_output] = new_output
-    result = _working_module(model, graph)
+    # work in progress: Python code is generated on first call, not on construction (most
+    # working copies are never called; rebuild() makes the final, eagerly compiled module)
+    result = lazy_graph_module(model, graph)
     result.meta.update(model.meta)
     return result, node_map
-
-
-def _working_module(root: torch.nn.Module, graph: Graph) -> GraphModule:
-    """A GraphModule for work in progress: its Python code is generated on first call, not
-    on construction (most working copies are never called; :func:`rebuild` makes the final,
-    eagerly compiled module)."""
-    try:
-        from torch.fx._lazy_graph_module import _LazyGraphModule
-    except ImportError:  # pragma: no cover - older/newer torch without it: compile eagerly
-        return GraphModule(root, graph)
-    return _LazyGraphModule(root, graph)
 
 
 def rebuild(model: GraphModule) -> GraphModule:
@@ -132,3 +132,74 @@ def port_meta(source: Node, target: Node) -> None:
     for key in PORTED_META_KEYS:
         if key in source.meta:
             target.meta[key] = source.meta[key]
+
+
+def erase_dead(graph: Graph, roots: Iterable[Node]) -> int:
+    """Erase the nodes of ``roots`` that have no users, then their inputs left without
+    users, and so on. Only ``get_attr`` and pure ``call_function`` nodes are erased
+    (placeholders, outputs, modules and in-place updates stay). Returns how many."""
+    pending = list(roots)
+    erased: set[Node] = set()
+    while pending:
+        node = pending.pop()
+        if node in erased or node.users or node.op not in ("get_attr", "call_function"):
+            continue
+        if node.op == "call_function" and _is_impure(node):
+            continue
+        inputs = node.all_input_nodes
+        graph.erase_node(node)
+        erased.add(node)
+        pending.extend(inputs)
+    return len(erased)
+
+
+def remap_annotations(
+    graph: Graph,
+    node_map: Mapping[Node, Node] | None = None,
+    edge_map: Mapping[tuple[Node, Node], Node] | None = None,
+    *,
+    drop_unquantized_non_inputs: bool = False,
+) -> None:
+    """Give every annotated node of ``graph`` a new annotation whose keys and specs name
+    the current nodes and edges.
+
+    ``node_map`` renames nodes (e.g. old graph -> copy); ``edge_map`` then gives an input
+    edge ``(producer, consumer)`` a new producer (a rewrite inserted a node on it). Keys of
+    ``input_qspec_map`` and the references of shared and derived specs are remapped alike.
+    Annotations and specs are rebuilt with :func:`dataclasses.replace`, so subclasses and
+    their extra fields survive; other specs are kept as they are. With
+    ``drop_unquantized_non_inputs``, ``None`` entries naming a node that is no longer an
+    input (a rewrite removed the edge) are dropped.
+    """
+    nodes: Mapping[Node, Node] = node_map or {}
+    edges: Mapping[tuple[Node, Node], Node] = edge_map or {}
+
+    def source(producer: Node, consumer: Node) -> Node:
+        producer, consumer = nodes.get(producer, producer), nodes.get(consumer, consumer)
+        return edges.get((producer, consumer), producer)
+
+    def key(k: EdgeOrNode) -> EdgeOrNode:
+        if isinstance(k, Node):
+            return nodes.get(k, k)
+        return (source(*k), nodes.get(k[1], k[1]))
+
+    def spec(value: Any) -> Any:
+        if isinstance(value, SharedQuantizationSpec):
+            return dataclasses.replace(value, edge_or_node=key(value.edge_or_node))
+        if isinstance(value, DerivedQuantizationSpec):
+            return dataclasses.replace(value, derived_from=[key(k) for k in value.derived_from])
+        return value
+
+    for node in graph.nodes:
+        annotation = node.meta.get(ANNOTATION_KEY)
+        if not isinstance(annotation, QuantizationAnnotation):
+            continue
+        input_map: dict[Node, Any] = {}
+        for producer, value in annotation.input_qspec_map.items():
+            new_producer = source(producer, node)
+            if drop_unquantized_non_inputs and value is None and new_producer not in node.all_input_nodes:
+                continue
+            input_map[new_producer] = spec(value)
+        node.meta[ANNOTATION_KEY] = dataclasses.replace(
+            annotation, input_qspec_map=input_map, output_qspec=spec(annotation.output_qspec)
+        )

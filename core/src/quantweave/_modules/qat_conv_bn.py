@@ -21,7 +21,6 @@ updated. The batch norm's ``eps`` is read from the graph (not assumed to be 1e-5
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -29,15 +28,10 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.nn.utils.fusion import fuse_conv_bn_weights
 
-from ..annotation import (
-    ANNOTATION_KEY,
-    DerivedQuantizationSpec,
-    EdgeOrNode,
-    QuantizationAnnotation,
-    SharedQuantizationSpec,
-)
+from ..annotation import ANNOTATION_KEY, QuantizationAnnotation
 from ..errors import ConvertError
-from .graph import get_attr_value, new_attr_name, port_meta
+from .batch_norm import batch_norm_call
+from .graph import erase_dead, get_attr_value, new_attr_name, port_meta, remap_annotations
 
 aten = torch.ops.aten
 
@@ -45,8 +39,7 @@ aten = torch.ops.aten
 QAT_CONV_BN_KEY = "quantweave_qat_conv_bn"
 
 _CONVS = (aten.conv1d.default, aten.conv2d.default, aten.conv3d.default)
-_BN = aten.batch_norm.default
-_BN_EPS = 7  # aten.batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn)
+_BN = (aten.batch_norm.default,)
 
 
 def _param_target(node: object) -> str | None:
@@ -97,25 +90,26 @@ def simulate_conv_bn(gm: GraphModule) -> int:
         if not isinstance(weight, Node) or annotation.input_qspec_map.get(weight) is None:
             continue
         (bn,) = conv.users
-        if bn.op != "call_function" or bn.target is not _BN or bn.args[0] is not conv:
+        call = batch_norm_call(bn, _BN)
+        if call is None or call.input is not conv:
             continue
         bias = conv.args[2] if len(conv.args) > 2 else None
         try:
             record = {
                 "weight": _param_target(weight),
                 "bias": _param_target(bias),
-                "bn_weight": _param_target(bn.args[1]),
-                "bn_bias": _param_target(bn.args[2]),
-                "running_mean": _param_target(bn.args[3]),
-                "running_var": _param_target(bn.args[4]),
+                "bn_weight": _param_target(call.weight),
+                "bn_bias": _param_target(call.bias),
+                "running_mean": _param_target(call.running_mean),
+                "running_var": _param_target(call.running_var),
             }
         except KeyError:
             continue
         if record["weight"] is None or record["running_mean"] is None or record["running_var"] is None:
             continue
-        eps = float(bn.args[_BN_EPS])  # type: ignore[arg-type,unused-ignore]
+        eps = call.eps
         rank = get_attr_value(gm, str(record["weight"])).dim()
-        bn_weight, running_var = bn.args[1], bn.args[4]
+        bn_weight, running_var = call.weight, call.running_var
         assert isinstance(running_var, Node) and isinstance(bias, (Node, type(None)))
         with graph.inserting_before(conv):
             std = _call(gm, aten.sqrt.default, (_call(gm, aten.add.Tensor, (running_var, eps), conv),), conv)
@@ -147,38 +141,10 @@ def simulate_conv_bn(gm: GraphModule) -> int:
         conv.meta[QAT_CONV_BN_KEY] = record
         rewritten += 1
     if rewritten:
-        _rename_edges(gm, edge_map)
+        # every annotation key and spec naming a rewritten edge names its new source; a bias
+        # edge the rewrite removed (no spec) is dropped
+        remap_annotations(gm.graph, edge_map=edge_map, drop_unquantized_non_inputs=True)
     return rewritten
-
-
-def _rename_edges(gm: GraphModule, edge_map: dict[tuple[Node, Node], Node]) -> None:
-    """Point every annotation key and spec at the new source of each rewritten edge."""
-
-    def edge(key: EdgeOrNode) -> EdgeOrNode:
-        if isinstance(key, tuple) and key in edge_map:
-            return (edge_map[key], key[1])
-        return key
-
-    def spec(value: Any) -> Any:
-        if isinstance(value, SharedQuantizationSpec):
-            return SharedQuantizationSpec(edge(value.edge_or_node))
-        if isinstance(value, DerivedQuantizationSpec):
-            return dataclasses.replace(value, derived_from=[edge(k) for k in value.derived_from])
-        return value
-
-    for node in gm.graph.nodes:
-        annotation = node.meta.get(ANNOTATION_KEY)
-        if not isinstance(annotation, QuantizationAnnotation):
-            continue
-        node.meta[ANNOTATION_KEY] = dataclasses.replace(
-            annotation,
-            input_qspec_map={
-                (edge_map.get((source, node), source)): spec(value)
-                for source, value in annotation.input_qspec_map.items()
-                if value is not None or source in node.all_input_nodes  # a bias edge the rewrite removed
-            },
-            output_qspec=spec(annotation.output_qspec),
-        )
 
 
 def fold_simulated_conv_bn(gm: GraphModule) -> int:
@@ -200,7 +166,8 @@ def fold_simulated_conv_bn(gm: GraphModule) -> int:
         bn = by_name.get(record["bn"])
         scaled_weight = by_name.get(record["scaled_weight"])
         zero_bias = by_name.get(record["zero_bias"]) if record["zero_bias"] else None
-        if bn is None or bn.target is not _BN or scaled_weight is None or (record["zero_bias"] and zero_bias is None):
+        call = None if bn is None else batch_norm_call(bn, _BN)
+        if bn is None or call is None or scaled_weight is None or (record["zero_bias"] and zero_bias is None):
             raise ConvertError(
                 f"convert_pt2e: the QAT conv-batch-norm pattern of {conv.name!r} was changed after "
                 f"prepare_qat_pt2e (expected batch norm {record['bn']!r} and scaled weight "
@@ -221,7 +188,7 @@ def fold_simulated_conv_bn(gm: GraphModule) -> int:
                 None if bias is None else bias.detach(),
                 running_mean.detach(),
                 running_var.detach(),
-                float(bn.args[_BN_EPS]),  # type: ignore[arg-type,unused-ignore]
+                call.eps,
                 torch.ones_like(running_mean) if bn_weight is None else bn_weight.detach(),
                 torch.zeros_like(running_mean) if bn_bias is None else bn_bias.detach(),
             )
@@ -246,28 +213,12 @@ def fold_simulated_conv_bn(gm: GraphModule) -> int:
             port_meta(conv, new)
         bn.replace_all_uses_with(conv)
         dead = [*bn.all_input_nodes, scaled_weight, *([zero_bias] if zero_bias is not None else [])]
-        graph.erase_node(bn)
+        graph.erase_node(bn)  # not pure: it updated its running statistics
         _drop_batch_counter(gm, get_attrs, str(record["running_mean"]))
-        _erase_dead(gm, dead)
+        erase_dead(graph, dead)
         del conv.meta[QAT_CONV_BN_KEY]
         folded += 1
     return folded
-
-
-def _erase_dead(gm: GraphModule, roots: list[Node]) -> None:
-    """Erase the nodes in ``roots`` left without users, and then their inputs likewise."""
-    pending = list(roots)
-    erased: set[Node] = set()
-    while pending:
-        node = pending.pop()
-        if node in erased or node.users or node.op not in ("get_attr", "call_function"):
-            continue
-        if node.op == "call_function" and node.is_impure():
-            continue
-        inputs = node.all_input_nodes
-        gm.graph.erase_node(node)
-        erased.add(node)
-        pending.extend(inputs)
 
 
 def _drop_batch_counter(gm: GraphModule, get_attrs: dict[str, Node], running_mean: str) -> None:

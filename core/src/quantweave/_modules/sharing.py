@@ -14,8 +14,6 @@ Steps (all independent of graph order):
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,12 +31,9 @@ from ..annotation import (
 )
 from ..errors import AnnotationError, SharingError
 from ..observers import DerivedObserver, FixedQParamsFakeQuantize, FixedQParamsObserver
+from .qtypes import dtype_range, is_per_channel
+from .torch_compat import with_observer_kwargs
 
-_PER_CHANNEL = (
-    torch.per_channel_affine,
-    torch.per_channel_symmetric,
-    torch.per_channel_affine_float_qparams,
-)
 _SHARING_ATTRS = (
     "dtype",
     "is_dynamic",
@@ -231,13 +226,8 @@ def build_observers(specs: dict[EdgeOrNode, QuantizationSpecBase], is_qat: bool)
     return {key: observer_for(roots[key]) for key in specs}
 
 
-def _full_range(dtype: torch.dtype) -> tuple[int, int]:
-    info = torch.iinfo(dtype)
-    return int(info.min), int(info.max)
-
-
 def _derived_observer(spec: DerivedQuantizationSpec, sources: list[torch.nn.Module]) -> torch.nn.Module:
-    lo, hi = _full_range(spec.dtype)
+    lo, hi = dtype_range(spec.dtype)
     return DerivedObserver(
         sources,
         spec.derive_qparams_fn,
@@ -251,15 +241,16 @@ def _derived_observer(spec: DerivedQuantizationSpec, sources: list[torch.nn.Modu
 
 def _make_observer(spec: QuantizationSpecBase, is_qat: bool) -> torch.nn.Module:
     if isinstance(spec, FixedQParamsQuantizationSpec):
-        lo, hi = _full_range(spec.dtype)
-        ctr: Callable[..., Any] = FixedQParamsObserver.with_args(
-            scale=spec.scale,
-            zero_point=spec.zero_point,
-            dtype=spec.dtype,
-            qscheme=spec.qscheme if spec.qscheme is not None else torch.per_tensor_affine,
-            quant_min=lo if spec.quant_min is None else spec.quant_min,
-            quant_max=hi if spec.quant_max is None else spec.quant_max,
-        )
+        lo, hi = dtype_range(spec.dtype)
+        fixed_kwargs = {
+            "scale": spec.scale,
+            "zero_point": spec.zero_point,
+            "dtype": spec.dtype,
+            "qscheme": spec.qscheme if spec.qscheme is not None else torch.per_tensor_affine,
+            "quant_min": lo if spec.quant_min is None else spec.quant_min,
+            "quant_max": hi if spec.quant_max is None else spec.quant_max,
+        }
+        ctr = with_observer_kwargs(FixedQParamsObserver, fixed_kwargs)
         if is_qat:
             return FixedQParamsFakeQuantize(observer=ctr)
         return ctr()
@@ -271,10 +262,7 @@ def _make_observer(spec: QuantizationSpecBase, is_qat: bool) -> torch.nn.Module:
         "qscheme": spec.qscheme,
         "is_dynamic": spec.is_dynamic,
     }
-    if spec.qscheme in _PER_CHANNEL:
+    if is_per_channel(spec.qscheme):
         kwargs["ch_axis"] = spec.ch_axis
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
-    ctr = spec.observer_or_fake_quant_ctr
-    if hasattr(ctr, "with_args"):
-        return ctr.with_args(**kwargs)()
-    return functools.partial(ctr, **kwargs)()
+    return with_observer_kwargs(spec.observer_or_fake_quant_ctr, kwargs)()

@@ -1,0 +1,148 @@
+"""Every private or deprecated torch API quantweave's core depends on, in one place.
+
+The rest of the core uses public torch only (``torch.export``, ``torch.fx`` Graph /
+GraphModule / Node, the ``torch.ops.aten`` and ``torch.ops.quantized_decomposed`` op sets,
+``torch.nn.utils.fusion``). What it cannot do with public API goes through the functions
+and names below; each has a test in ``tests/core/test_torch_compat.py`` that fails, naming
+the torch API and this module, on a torch that changed it:
+
+1. :func:`quantized_decomposed_ops` -- the ``quantized_decomposed`` op library is
+   registered by importing the private module ``torch.ao.quantization.fx._decomposed``.
+2. :func:`empty_graph_like` -- a new fx Graph with another graph's tracer class and code
+   generator: reads ``Graph._tracer_cls`` and ``Graph._codegen`` (the pytree in/out specs
+   of an exported module live in its ``_PyTreeCodeGen``).
+3. :func:`lazy_graph_module` -- ``torch.fx._lazy_graph_module._LazyGraphModule``, a
+   GraphModule that generates its Python code on first use.
+4. Observer and fake-quantize classes from ``torch.ao.quantization.observer`` /
+   ``.fake_quantize`` (public names of a module torch no longer develops), and
+   :func:`with_observer_kwargs`, which relies on ``.with_args`` partials (torch's private
+   ``_PartialWrapper``) chaining, later keywords winning.
+5. :class:`HistogramObserverHooks` -- torch's ``HistogramObserver`` with its private
+   min/max search (``_non_linear_param_search``) and error function
+   (``_compute_quantization_error``) exposed under our names, for the faster search of
+   :class:`quantweave.observers.HistogramObserver`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.ao.quantization.fake_quantize import (
+    FakeQuantize,
+    FakeQuantizeBase,
+    FixedQParamsFakeQuantize,
+    FusedMovingAvgObsFakeQuantize,
+)
+from torch.ao.quantization.observer import (
+    FixedQParamsObserver,
+    HistogramObserver,
+    MinMaxObserver,
+    MovingAverageMinMaxObserver,
+    MovingAveragePerChannelMinMaxObserver,
+    ObserverBase,
+    PerChannelMinMaxObserver,
+    PlaceholderObserver,
+)
+from torch.fx import Graph, GraphModule
+
+__all__ = [
+    "FakeQuantize",
+    "FakeQuantizeBase",
+    "FixedQParamsFakeQuantize",
+    "FixedQParamsObserver",
+    "FusedMovingAvgObsFakeQuantize",
+    "HistogramObserver",
+    "HistogramObserverHooks",
+    "MinMaxObserver",
+    "MovingAverageMinMaxObserver",
+    "MovingAveragePerChannelMinMaxObserver",
+    "ObserverBase",
+    "PerChannelMinMaxObserver",
+    "PlaceholderObserver",
+    "empty_graph_like",
+    "lazy_graph_module",
+    "quantized_decomposed_ops",
+    "with_observer_kwargs",
+]
+
+
+# -- 1. the quantized_decomposed op set ----------------------------------------------------
+
+
+@functools.cache
+def quantized_decomposed_ops() -> Any:
+    """``torch.ops.quantized_decomposed`` with its ops registered.
+
+    torch registers the library as a side effect of importing the private module
+    ``torch.ao.quantization.fx._decomposed``; done on first use, so that ``import
+    quantweave`` stays cheap.
+    """
+    import torch.ao.quantization.fx._decomposed  # registers the ops as a side effect
+
+    return torch.ops.quantized_decomposed
+
+
+# -- 2. fx graph internals -------------------------------------------------------------------
+
+
+def empty_graph_like(graph: Graph) -> Graph:
+    """A new, empty Graph with ``graph``'s tracer class and code generator.
+
+    The code generator carries an exported module's pytree input/output specs (immutable,
+    so it is shared, not copied); without it a copy would take and return flat tensors.
+    """
+    new = Graph(tracer_cls=graph._tracer_cls)
+    new.set_codegen(graph._codegen)
+    return new
+
+
+def lazy_graph_module(root: torch.nn.Module, graph: Graph) -> GraphModule:
+    """A GraphModule whose Python code is generated on first call (or ``.code``), not on
+    construction. Falls back to an eager GraphModule if torch no longer has the lazy one
+    (correct, only slower; ``tests/core/test_torch_compat.py`` reports it)."""
+    try:
+        from torch.fx._lazy_graph_module import _LazyGraphModule
+    except ImportError:  # pragma: no cover - a torch without it: compile eagerly
+        return GraphModule(root, graph)
+    return _LazyGraphModule(root, graph)
+
+
+# -- 4. observer constructors ----------------------------------------------------------------
+
+
+def with_observer_kwargs(ctr: Callable[..., Any], kwargs: dict[str, Any]) -> Callable[[], Any]:
+    """A zero-argument constructor: ``ctr`` with ``kwargs`` added, ``kwargs`` winning.
+
+    ``ctr`` is an observer / fake-quantize class, its ``.with_args(...)`` (torch's
+    ``_PartialWrapper``, which chains) or any other callable.
+    """
+    if hasattr(ctr, "with_args"):
+        built: Callable[[], Any] = ctr.with_args(**kwargs)
+        return built
+    return functools.partial(ctr, **kwargs)
+
+
+# -- 5. HistogramObserver's private search ------------------------------------------------------
+
+
+class HistogramObserverHooks(HistogramObserver):
+    """torch's HistogramObserver whose private min/max search calls :meth:`search_min_max`.
+
+    Subclasses override :meth:`search_min_max` (by default torch's own search) and may call
+    :meth:`quantization_error`; they read the public state ``histogram``, ``bins``,
+    ``min_val`` and ``max_val``.
+    """
+
+    def _non_linear_param_search(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.search_min_max()
+
+    def search_min_max(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (min, max) to quantize to, from the histogram (torch's search here)."""
+        return super()._non_linear_param_search()
+
+    def quantization_error(self, start_bin: int, end_bin: int) -> float:
+        """The L2 quantization error of keeping only bins ``start_bin..end_bin``."""
+        return float(self._compute_quantization_error(start_bin, end_bin))
