@@ -8,24 +8,22 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.nn.utils.fusion import fuse_conv_bn_weights, fuse_linear_bn_weights
 
-from .graph import get_attr_value, new_attr_name
+from .batch_norm import batch_norm_call
+from .graph import erase_dead, get_attr_value, new_attr_name
 
 aten = torch.ops.aten
 
+# conv target -> (is transposed, index of its "groups" argument)
 _CONV = {
-    aten.conv1d.default: False,
-    aten.conv2d.default: False,
-    aten.conv3d.default: False,
-    aten.conv_transpose1d.default: True,
-    aten.conv_transpose2d.input: True,
-    aten.conv_transpose3d.input: True,
+    aten.conv1d.default: (False, 6),
+    aten.conv2d.default: (False, 6),
+    aten.conv3d.default: (False, 6),
+    # conv_transpose(input, weight, bias, stride, padding, output_padding, groups, dilation)
+    aten.conv_transpose1d.default: (True, 6),
+    aten.conv_transpose2d.input: (True, 6),
+    aten.conv_transpose3d.input: (True, 6),
 }
 _LINEAR = aten.linear.default
-# target -> (index of "training" arg or None, index of eps)
-_BN = {
-    aten.batch_norm.default: (5, 7),
-    aten._native_batch_norm_legit_no_training.default: (None, 6),
-}
 
 
 def _param(model: GraphModule, node: object) -> torch.Tensor | None:
@@ -49,6 +47,28 @@ def _bn_output(bn: Node) -> Node | None:
     return None
 
 
+def _fold_into_conv(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    bn: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor | None, torch.Tensor | None],
+    transpose: bool,
+    groups: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The conv's weight and bias with ``bn = (mean, var, eps, bn_weight, bn_bias)`` folded in."""
+    if not transpose or groups == 1:
+        return fuse_conv_bn_weights(weight, bias, *bn, transpose=transpose)
+    # A grouped transposed conv's weight is (in, out / groups, *kernel): output channel
+    # g * (out / groups) + j is column j of group g's rows. Lay the output channels out
+    # along dim 1 in that order, fold, and put the weight back.
+    cin, per_group, *kernel = weight.shape
+    by_output = weight.reshape(groups, cin // groups, per_group, *kernel).transpose(0, 1)
+    fused_w, new_b = fuse_conv_bn_weights(
+        by_output.reshape(cin // groups, groups * per_group, *kernel), bias, *bn, transpose=True
+    )
+    new_w = fused_w.reshape(cin // groups, groups, per_group, *kernel).transpose(0, 1).reshape(weight.shape)
+    return new_w, new_b
+
+
 def fold_batch_norm(model: GraphModule) -> int:
     """Fold every eval-mode BN that directly follows a conv or linear owning its output.
 
@@ -57,12 +77,10 @@ def fold_batch_norm(model: GraphModule) -> int:
     """
     folded = 0
     for bn in list(model.graph.nodes):
-        if bn.op != "call_function" or bn.target not in _BN:
-            continue
-        training_index, eps_index = _BN[bn.target]
-        if training_index is not None and bn.args[training_index]:
-            continue  # a training-mode BN is not foldable
-        producer = bn.args[0]
+        call = batch_norm_call(bn)
+        if call is None or call.training:
+            continue  # not a batch norm, or a training-mode one (not foldable)
+        producer = call.input
         if not isinstance(producer, Node) or producer.op != "call_function":
             continue
         if producer.target not in _CONV and producer.target is not _LINEAR:
@@ -75,15 +93,16 @@ def fold_batch_norm(model: GraphModule) -> int:
         try:
             weight = _param(model, producer.args[1])
             bias = _param(model, producer.args[2] if len(producer.args) > 2 else None)
-            bn_w = _param(model, bn.args[1])
-            bn_b = _param(model, bn.args[2])
-            mean = _param(model, bn.args[3])
-            var = _param(model, bn.args[4])
+            bn_w = _param(model, call.weight)
+            bn_b = _param(model, call.bias)
+            mean = _param(model, call.running_mean)
+            var = _param(model, call.running_var)
         except LookupError:
             continue
         if weight is None or mean is None or var is None:
             continue
-        eps = float(bn.args[eps_index])  # type: ignore[arg-type,unused-ignore]
+        new_w: torch.Tensor
+        new_b: torch.Tensor
         with torch.no_grad():
             if producer.target is _LINEAR:
                 if bn_w is None or bn_b is None or weight.dim() != 2:
@@ -91,11 +110,13 @@ def fold_batch_norm(model: GraphModule) -> int:
                 val = producer.meta.get("val")
                 if val is not None and val.dim() != 2:
                     continue  # BN over a non-2-D linear output normalises another axis
-                new_w, new_b = fuse_linear_bn_weights(weight, bias, mean, var, eps, bn_w, bn_b)
+                new_w, new_b = fuse_linear_bn_weights(weight, bias, mean, var, call.eps, bn_w, bn_b)
             else:
-                new_w, new_b = fuse_conv_bn_weights(
-                    weight, bias, mean, var, eps, bn_w, bn_b, transpose=_CONV[producer.target]
-                )
+                transpose, groups_index = _CONV[producer.target]
+                groups = producer.args[groups_index] if len(producer.args) > groups_index else 1
+                if not isinstance(groups, int):
+                    continue
+                new_w, new_b = _fold_into_conv(weight, bias, (mean, var, call.eps, bn_w, bn_b), transpose, groups)
         w_name = new_attr_name(model, "_folded_weight_")
         model.register_parameter(w_name, torch.nn.Parameter(new_w.detach(), requires_grad=False))
         b_name = new_attr_name(model, "_folded_bias_")
@@ -103,6 +124,7 @@ def fold_batch_norm(model: GraphModule) -> int:
         with model.graph.inserting_before(producer):
             w_node = model.graph.get_attr(w_name)
             b_node = model.graph.get_attr(b_name)
+        old_params = [a for a in producer.args[1:3] if isinstance(a, Node)]
         args = list(producer.args)
         args[1] = w_node
         if len(args) > 2:
@@ -111,17 +133,10 @@ def fold_batch_norm(model: GraphModule) -> int:
             args.append(b_node)
         producer.args = tuple(args)
         out.replace_all_uses_with(producer)
-        for node in (out, bn):
-            if not node.users and node in model.graph.nodes:
-                model.graph.erase_node(node)
+        erase_dead(model.graph, [out, bn, *old_params])  # with the BN's parameters and buffers
         folded += 1
     if folded:
-        _drop_unused_get_attrs(model)
+        # also the get_attrs export left unused, such as each BN's num_batches_tracked
+        erase_dead(model.graph, [n for n in model.graph.nodes if n.op == "get_attr"])
         model.recompile()
     return folded
-
-
-def _drop_unused_get_attrs(model: GraphModule) -> None:
-    for node in list(model.graph.nodes):
-        if node.op == "get_attr" and not node.users:
-            model.graph.erase_node(node)
