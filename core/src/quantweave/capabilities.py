@@ -28,6 +28,7 @@ __all__ = [
     "Capability",
     "Mode",
     "PATTERNS",
+    "PROBE_PRODUCERS",
     "PatternSpec",
     "TensorQuant",
     "core_patterns",
@@ -161,6 +162,8 @@ class PatternSpec:
     Core patterns have ``origin="core"``; a plugin contributes its own through the
     ``quantweave_patterns`` hook (plugin API 2) and the registry sets ``origin`` to the
     plugin's name. Ops are written ``"<namespace>.<op>.<overload>"`` (``"aten.conv3d.default"``).
+    ``producer`` names the pattern that feeds the anchor in the probe (``"conv2d"`` for the
+    pooling and shape ops, which backends quantize only after a quantized producer).
     """
 
     name: str
@@ -168,6 +171,7 @@ class PatternSpec:
     ops: tuple[str, ...]
     probe: ProbeFactory | None = field(default=None, compare=False)
     origin: str = "core"
+    producer: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _PATTERN_NAME.match(self.name):
@@ -198,8 +202,31 @@ def core_patterns() -> dict[str, PatternSpec]:
     from .testing.conformance import PROBES
 
     return {
-        name: PatternSpec(name, description, ops, PROBES.get(name)) for name, (description, ops) in PATTERNS.items()
+        name: PatternSpec(name, description, ops, PROBES.get(name), producer=PROBE_PRODUCERS.get(name))
+        for name, (description, ops) in PATTERNS.items()
     }
+
+
+#: pattern -> the pattern feeding its anchor in the core probe (ops quantized only after a
+#: quantized producer are probed behind a conv)
+PROBE_PRODUCERS: dict[str, str] = dict.fromkeys(
+    (
+        "cat",
+        "max_pool2d",
+        "avg_pool2d",
+        "adaptive_avg_pool2d",
+        "flatten",
+        "mean",
+        "permute",
+        "transpose",
+        "view",
+        "reshape",
+        "squeeze",
+        "slice",
+        "dropout",
+    ),
+    "conv2d",
+)
 
 
 _GRANULARITIES = ("per_tensor", "per_channel", "per_channel_float_qparams")
@@ -375,6 +402,9 @@ class Capability:
     - ``bias``: its bias (:class:`Quant`: ``FLOAT`` or ``Quant.quantized(...)``);
     - ``fused``: True when the pattern's ops run as one quantized unit (no quantize /
       dequantize between them), False when each op is quantized on its own;
+    - ``input_from``: ``"own"`` when the pattern is quantized only where its input comes
+      from one of this quantizer's own patterns, ``"any"`` where any quantizer quantized
+      its producer, None when it does not depend on its producer;
     - ``plugin`` / ``quantizer``: provenance, filled in by the registry.
 
     ``output``, ``bias`` and ``fused`` left None are unstated (plugin API 1 declarations
@@ -392,6 +422,7 @@ class Capability:
     output: Quant | None = None
     bias: Quant | None = None
     fused: bool | None = None
+    input_from: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.pattern, str) or not _PATTERN_NAME.match(self.pattern):
@@ -422,6 +453,11 @@ class Capability:
                 f"Capability {self.pattern!r}: in mode {self.mode} an output stays float or shares its "
                 f"input's run-time qparams; got {self.output}"
             )
+        if self.input_from not in (None, "own", "any"):
+            raise ValueError(
+                f"Capability {self.pattern!r}: input_from is 'own' (only after this quantizer's own patterns), "
+                f"'any' (after any quantized producer) or None (always); got {self.input_from!r}"
+            )
         if self.fused is not None and not isinstance(self.fused, bool):
             raise ValueError(f"Capability {self.pattern!r}: fused must be a bool (or None); got {self.fused!r}")
 
@@ -441,6 +477,9 @@ class Capability:
             "bias": "?" if self.bias is None else str(self.bias),
             "output": "?" if self.output is None else str(self.output),
             "fused": "?" if self.fused is None else ("yes" if self.fused else "no"),
+            "when": {None: "always", "own": "after its own patterns", "any": "after a quantized producer"}[
+                self.input_from
+            ],
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -452,6 +491,7 @@ class Capability:
             "output": None if self.output is None else self.output.to_dict(),
             "bias": None if self.bias is None else self.bias.to_dict(),
             "fused": self.fused,
+            "input_from": self.input_from,
             "ops": list(self.ops),
             "plugin": self.plugin,
             "quantizer": self.quantizer,
@@ -478,6 +518,7 @@ class Capability:
             output=quant(data.get("output")),
             bias=quant(data.get("bias")),
             fused=data.get("fused"),
+            input_from=data.get("input_from"),
         )
 
 

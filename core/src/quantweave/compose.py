@@ -4,9 +4,11 @@ Members run in order (``transform_for_annotation``, then ``annotate``). A member
 leave alone what an earlier member annotated: replacing, removing *or mutating in place*
 an earlier annotation raises :class:`AnnotationConflictError` naming both quantizers and
 the node. ``validate`` and ``prepare_obs_or_fq_callback`` are forwarded to every member.
-``quantization_capabilities()`` merges the members' declarations: for each
-(pattern, mode) the first member declaring it serves it and later declarations are
-shadowed (see :meth:`ComposableQuantizer.capability_table`).
+``quantization_capabilities()`` merges the members' declarations by how their patterns
+overlap: members claim ops in order, so a member declaring ``conv2d`` claims the conv of
+a later member's ``conv2d_add``, which is then shadowed (see
+:meth:`ComposableQuantizer.capability_table`; :func:`quantweave.testing.conformance.check_composition`
+holds the table against what the members really annotate on the probes).
 
 Which member annotated a node is written into the node's meta
 (:data:`~quantweave.annotation.ANNOTATED_BY_KEY`), never kept on the quantizer: one
@@ -22,8 +24,9 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
+from ._modules.patterns import Chain, chain_of, embeddings
 from .annotation import ANNOTATED_BY_KEY, ANNOTATION_KEY, EdgeOrNode, QuantizationAnnotation
-from .capabilities import Capability, Mode, sort_capabilities
+from .capabilities import PATTERNS, PROBE_PRODUCERS, Capability, Mode, sort_capabilities
 from .errors import AnnotationConflictError
 from .quantizer import Quantizer
 
@@ -38,13 +41,27 @@ def quantizer_label(quantizer: object) -> str:
 
 @dataclass(frozen=True)
 class CapabilityRow:
-    """Who serves one (pattern, mode) in a composition, and whose declarations it shadows."""
+    """Who serves one (pattern, mode) in a composition, and whose declarations it shadows.
+
+    ``served_as`` says, op by op along the pattern (anchor first), which member claims it
+    and as which of its own patterns (``None`` where no member does): members annotate in
+    order and the first to claim an op keeps it, so a member declaring ``conv2d`` claims
+    the conv of ``conv2d_add`` before a later member's ``conv2d_add`` can. ``served_by``
+    is the member claiming the anchor (``""`` if none); ``shadowed`` the members that
+    declare the pattern but do not serve it as declared; ``capability`` the declaration
+    that is served (or, when none is, the first member's)."""
 
     pattern: str
     mode: Mode
     served_by: str
     shadowed: tuple[str, ...]
     capability: Capability
+    served_as: tuple[tuple[str, str] | None, ...] = ()
+
+    @property
+    def served_as_declared(self) -> bool:
+        """True when one member serves the whole pattern as the pattern it declares."""
+        return bool(self.served_as) and all(step == (self.served_by, self.pattern) for step in self.served_as)
 
 
 _Snapshot = tuple[tuple[tuple[Node, Any], ...], Any, bool, bool]
@@ -134,9 +151,9 @@ class ComposableQuantizer(Quantizer):
             member.prepare_obs_or_fq_callback(model, edge_or_node_to_obs_or_fq)
 
     def capability_table(self) -> list[CapabilityRow]:
-        """One row per (pattern, mode): the serving member and the shadowed ones."""
-        served: dict[tuple[str, Mode], tuple[str, Capability]] = {}
-        shadowed: dict[tuple[str, Mode], list[str]] = {}
+        """One row per declared (pattern, mode), computed from the patterns the members
+        declare and how they overlap (see :class:`CapabilityRow`)."""
+        declared: list[tuple[str, Capability]] = []  # (member label, capability), in member order
         for member, label in zip(self.quantizers, self.labels, strict=True):
             for cap in member.quantization_capabilities():
                 if not isinstance(cap, Capability):
@@ -148,17 +165,48 @@ class ComposableQuantizer(Quantizer):
                     cap = replace(cap, quantizer=label)
                 if not cap.plugin and member.plugin:
                     cap = replace(cap, plugin=member.plugin)
-                if cap.key in served:
-                    if served[cap.key][0] != label:
-                        shadowed.setdefault(cap.key, []).append(label)
-                else:
-                    served[cap.key] = (label, cap)
-        rows = [
-            CapabilityRow(pattern, mode, label, tuple(shadowed.get((pattern, mode), ())), cap)
-            for (pattern, mode), (label, cap) in served.items()
-        ]
+                declared.append((label, cap))
+        rows = []
+        for key in dict.fromkeys(cap.key for _, cap in declared):
+            pattern, mode = key
+            own = [(label, cap) for label, cap in declared if cap.key == key]
+            producer = PATTERNS[PROBE_PRODUCERS[pattern]][1] if pattern in PROBE_PRODUCERS else ()
+            context = chain_of(producer)
+            claims = self._claims(context + chain_of(own[0][1].ops), [(lb, c) for lb, c in declared if c.mode is mode])
+            steps = claims[len(context) :]
+            served_by = steps[0][0] if steps and steps[0] is not None else ""
+            serving = next(((lb, c) for lb, c in own if all(step == (lb, pattern) for step in steps)), None)
+            shadowed = tuple(lb for lb, _ in own if serving is None or lb != serving[0])
+            capability = serving[1] if serving is not None else own[0][1]
+            rows.append(CapabilityRow(pattern, mode, served_by, tuple(dict.fromkeys(shadowed)), capability, steps))
         return sorted(rows, key=lambda r: (r.pattern, r.mode.value))
 
+    def _claims(self, chain: Chain, declared: list[tuple[str, Capability]]) -> tuple[tuple[str, str] | None, ...]:
+        """Who claims each step of ``chain``: members in order, each member's longest
+        patterns first, a pattern claiming only steps still free; a pattern that depends on
+        its producer (``input_from``) claims only after a step its own member (``"own"``) or
+        any member (``"any"``) claimed."""
+        claims: list[tuple[str, str] | None] = [None] * len(chain)
+        for label in self.labels:
+            mine = sorted(
+                (c for lb, c in declared if lb == label and c.ops), key=lambda c: len(chain_of(c.ops)), reverse=True
+            )
+            for cap in mine:
+                inner = chain_of(cap.ops)
+                for offset in embeddings(inner, chain):
+                    span = range(offset, offset + len(inner))
+                    if any(claims[i] is not None for i in span):
+                        continue
+                    before = claims[offset - 1] if offset > 0 else None
+                    if cap.input_from == "own" and (before is None or before[0] != label):
+                        continue
+                    if cap.input_from == "any" and before is None:
+                        continue
+                    for i in span:
+                        claims[i] = (label, cap.pattern)
+        return tuple(claims)
+
     def quantization_capabilities(self) -> list[Capability]:
-        """The served capabilities (first declaring member wins), with provenance."""
-        return sort_capabilities(row.capability for row in self.capability_table())
+        """What the composition delivers: each pattern a member serves as it declares it,
+        with provenance (a pattern whose ops earlier members claim is not listed)."""
+        return sort_capabilities(row.capability for row in self.capability_table() if row.served_as_declared)

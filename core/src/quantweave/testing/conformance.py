@@ -46,7 +46,13 @@ from torch.fx import GraphModule, Node
 from .._modules.graph import copy_graph_module
 from .._modules.patterns import Chain, chain_of, matches
 from .._modules.sharing import collect_specs, group_specs
-from ..annotation import ANNOTATION_KEY, FixedQParamsQuantizationSpec, QuantizationAnnotation, is_annotated
+from ..annotation import (
+    ANNOTATED_BY_KEY,
+    ANNOTATION_KEY,
+    FixedQParamsQuantizationSpec,
+    QuantizationAnnotation,
+    is_annotated,
+)
 from ..capabilities import (
     FLOAT,
     Capability,
@@ -58,6 +64,7 @@ from ..capabilities import (
     core_patterns,
     tensor_quant_from_spec,
 )
+from ..compose import CapabilityRow, ComposableQuantizer
 from ..convert import convert_pt2e
 from ..observers import FakeQuantizeBase
 from ..plugin_api import QuantizerInfo
@@ -70,6 +77,7 @@ __all__ = [
     "assert_plugin_conforms",
     "capability_cases",
     "check_capability",
+    "check_composition",
     "check_conformance",
     "check_plugin",
 ]
@@ -649,6 +657,42 @@ def check_plugin(plugin: object, name: str = "plugin") -> list[ConformanceFailur
 def assert_plugin_conforms(plugin: object, name: str = "plugin") -> None:
     """Raise ``AssertionError`` listing every failure of :func:`check_plugin`."""
     _raise_failures(check_plugin(plugin, name))
+
+
+def check_composition(composed: ComposableQuantizer, patterns: Vocabulary | None = None) -> list[ConformanceFailure]:
+    """Hold ``composed.capability_table()`` against what the members really annotate: for
+    every row, the composed quantizer annotates the pattern's probe, and the member that
+    claimed each op of the pattern must be the one the table names (``served_as``)."""
+    vocabulary = _vocabulary(patterns)
+    failures: list[ConformanceFailure] = []
+    for row in composed.capability_table():
+
+        def fail(message: str, row: CapabilityRow = row) -> None:
+            failures.append(ConformanceFailure("", composed.name, row.pattern, row.mode.value, message))
+
+        spec = vocabulary.get(row.pattern)
+        if spec is None or spec.probe is None:
+            fail("no probe for this pattern: the row cannot be checked")
+            continue
+        try:
+            torch.manual_seed(0)
+            model, inputs = spec.probe()
+            model.train(row.mode is Mode.QAT)
+            annotated = _annotate(composed, torch.export.export(model, inputs).module())
+        except Exception as exc:
+            fail(f"annotating the probe raised {type(exc).__name__}: {exc}")
+            continue
+        occurrences = matches(annotated.graph, chain_of(row.capability.ops or spec.ops))
+        if not occurrences:
+            fail("the probe has no occurrence of the pattern after transform_for_annotation")
+            continue
+        nodes = occurrences[0]
+        found = [node.meta.get(ANNOTATED_BY_KEY) if is_annotated(node) else None for node in nodes]
+        expected = [None if step is None else step[0] for step in row.served_as]
+        if found != expected:
+            claims = ", ".join(f"{n.name}: {who or 'nobody'}" for n, who in zip(nodes, found, strict=True))
+            fail(f"the capability table says the ops are claimed by {expected}; on the probe: {claims}")
+    return failures
 
 
 def capability_cases(info: QuantizerInfo) -> list[Any]:

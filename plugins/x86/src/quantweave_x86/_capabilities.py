@@ -58,8 +58,9 @@ def declared_capabilities(
     symmetric weights on axis 0, float bias) and leave their output float for the next
     quantized op to quantize; a fused pattern (conv + relu, linear + add, ...) is one unit
     with no quantize/dequantize inside. Pooling, cat and flatten share their input's
-    qparams. ``is_qat`` declares the QAT mode: the conv + batch norm patterns, whose last
-    op fake-quantizes its own output, then everything the post-training recipe annotates."""
+    qparams, and are quantized only after one of x86's own quantized patterns.
+    ``is_qat`` declares the QAT mode: the conv + batch norm patterns, whose last op
+    fake-quantizes its own output, then everything the post-training recipe annotates."""
     act = TensorQuant("uint8", 0, 127 if reduce_range else 255, "per_tensor", symmetric=False)
     weight = TensorQuant("int8", -128, 127, "per_channel", symmetric=True, ch_axis=0)
     patterns: tuple[str, ...]
@@ -88,6 +89,7 @@ def declared_capabilities(
             output=output,
             bias=FLOAT if weighted else None,
             fused=True if "_" in pattern and pattern not in _SHARES_INPUT else None,
+            input_from="own" if pattern in _SHARES_INPUT else None,
         )
 
     return tuple(capability(p) for p in patterns)
