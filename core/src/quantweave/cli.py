@@ -3,8 +3,9 @@
 ``quantweave plugins [--json]``: installed plugins with status, distribution, version,
 quantizers and, for failures, the reason.
 
-``quantweave capabilities [--plugin NAME] [--mode MODE] [--json]``: a pattern x quantizer
-table of declared capabilities (cells list the modes), or the records as JSON.
+``quantweave capabilities [--plugin NAME] [--mode MODE] [--json] [--details]``: a pattern x
+quantizer table of declared capabilities (cells list the modes), one row per capability
+with everything it states (``--details``), or the records as JSON.
 """
 
 from __future__ import annotations
@@ -40,9 +41,24 @@ def render_plugins(manager: PluginManager, as_json: bool) -> str:
     return render_table(["plugin", "status", "api", "distribution", "version", "quantizers", "error"], rows)
 
 
-def render_capabilities(manager: PluginManager, plugin: str | None, mode: str | None, as_json: bool) -> str:
+def render_capabilities(
+    manager: PluginManager, plugin: str | None, mode: str | None, as_json: bool, details: bool = False
+) -> str:
     caps = manager.quantization_capabilities(plugin=plugin, mode=mode)
     vocabulary = manager.patterns()
+    if details and not as_json and caps:
+        header = ["pattern", "mode", "quantizer", "activation", "weight", "bias", "output", "fused", "when"]
+        rows = []
+        for c in caps:
+            d = c.describe()
+            who = f"{c.plugin}:{c.quantizer}"
+            row = [c.pattern, c.mode.value, who, d["activation"], d["weight"], d["bias"], d["output"]]
+            rows.append([*row, d["fused"], d["when"]])
+        legend = (
+            "activation/weight/bias: dtype[qmin,qmax] granularity (axis) sym|affine; output: own (its own qparams), "
+            "shared with input N, fixed scale/zero_point, or float; '?': not stated by the plugin"
+        )
+        return render_table(header, rows) + "\n" + legend
     if as_json:
         return json.dumps([{**c.to_dict(), "pattern_origin": vocabulary[c.pattern].origin} for c in caps], indent=2)
     if not caps:
@@ -77,6 +93,9 @@ def main(argv: Sequence[str] | None = None, manager: PluginManager | None = None
     p_caps.add_argument("--plugin", help="only this plugin")
     p_caps.add_argument("--mode", choices=[m.value for m in Mode], help="only this mode")
     p_caps.add_argument("--json", action="store_true", help="print JSON records")
+    p_caps.add_argument(
+        "--details", action="store_true", help="one row per capability: inputs, weight, bias, output, fusion"
+    )
     args = parser.parse_args(argv)
     manager = manager or default_manager()
     if args.command == "plugins":
@@ -86,5 +105,5 @@ def main(argv: Sequence[str] | None = None, manager: PluginManager | None = None
         known = ", ".join(r.name for r in manager.plugins()) or "none"
         print(f"quantweave: no plugin named {args.plugin!r}; installed: {known}", file=sys.stderr)
         return 2
-    print(render_capabilities(manager, args.plugin, args.mode, args.json))
+    print(render_capabilities(manager, args.plugin, args.mode, args.json, args.details))
     return 0
