@@ -111,3 +111,23 @@ def test_report_names_who_marked_a_node_and_why_another_was_skipped():
     rows = {r.node: r for r in annotation_report(prepared, quantizer).nodes}
     assert (rows["sigmoid"].status, rows["sigmoid"].quantizer) == ("quantized", "sigmoid-unit")
     assert (rows["linear"].status, rows["linear"].reason) == ("float", "linear left to the host")
+
+
+def test_a_relu_fused_by_a_composed_member_is_reported_quantized_by_it():
+    pytest = __import__("pytest")
+    x86 = pytest.importorskip("quantweave_x86")
+
+    class ConvRelu(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3)
+
+        def forward(self, x):
+            return torch.relu(self.conv(x))
+
+    composed = ComposableQuantizer([Weighted("linq", aten.linear.default), x86.X86InductorQuantizer()])
+    prepared = qw.prepare_pt2e(export(ConvRelu(), torch.randn(1, 3, 8, 8)), composed)
+    rows = {r.node: r for r in annotation_report(prepared, composed).nodes}
+    assert (rows["conv2d"].status, rows["conv2d"].quantizer) == ("quantized", "x86")
+    assert (rows["relu"].status, rows["relu"].quantizer) == ("quantized", "x86")
+    assert rows["relu"].reason.startswith("fused")

@@ -9,8 +9,10 @@ name): ``quantized`` with the quantizer that annotated it
 
 - a quantizer may record why it skipped a node with ``set_skip_reason(node, reason)``
   (e.g. ``"module name 'layers.0' configured None"``); that text is the reason;
-- a node claimed without specs is fused into a neighbouring pattern;
 - otherwise: ``"no quantizer claims this pattern"``.
+
+A node a quantizer claimed without specs of its own (the relu of a fused conv + relu) is
+reported ``quantized`` by that quantizer, with the reason that it is fused.
 
 Printable as an aligned table (:meth:`AnnotationReport.to_table`) and as JSON.
 """
@@ -32,7 +34,7 @@ from .capabilities import PATTERNS
 __all__ = ["SKIP_REASON_KEY", "AnnotationReport", "NodeReport", "annotation_report", "reported_ops"]
 
 NO_CLAIM = "no quantizer claims this pattern"
-FUSED = "claimed by a quantizer without quantization specs (fused into a neighbouring pattern)"
+FUSED = "fused: runs inside the quantized pattern of its neighbours (claimed without specs of its own)"
 
 
 def reported_ops(capabilities: Iterable[Any] = ()) -> frozenset[str]:
@@ -120,12 +122,14 @@ def annotation_report(model: GraphModule, quantizer: object | None = None) -> An
         if node.op != "call_function" or op not in ops:
             continue
         annotation = node.meta.get(ANNOTATION_KEY)
-        if _is_quantized(annotation):
-            by = node.meta.get(ANNOTATED_BY_KEY)
-            reports.append(NodeReport(node.name, op, "quantized", by if isinstance(by, str) else default, None))
-            continue
         reason = node.meta.get(SKIP_REASON_KEY)
-        if not isinstance(reason, str):
-            reason = FUSED if _claimed(annotation) else NO_CLAIM
-        reports.append(NodeReport(node.name, op, "float", None, reason))
+        by = node.meta.get(ANNOTATED_BY_KEY)
+        owner = by if isinstance(by, str) else default
+        if _is_quantized(annotation):
+            reports.append(NodeReport(node.name, op, "quantized", owner, None))
+        elif _claimed(annotation) and not isinstance(reason, str):
+            # claimed without specs of its own: part of a fused quantized unit (conv + relu)
+            reports.append(NodeReport(node.name, op, "quantized", owner, FUSED))
+        else:
+            reports.append(NodeReport(node.name, op, "float", None, reason if isinstance(reason, str) else NO_CLAIM))
     return AnnotationReport(tuple(reports))
