@@ -114,6 +114,7 @@ def test_weights_need_no_calibration_and_the_prepared_model_is_not_touched():
     prepared = qw.prepare_pt2e(export(model, x), q)
     weight_observers = [m for m in prepared.modules() if isinstance(m, PerChannelMinMaxObserver)]
     converted = qw.convert_pt2e(prepared)
+    assert len(weight_observers) == 2, "one weight observer per linear"
     assert all(m.min_val.numel() == 0 for m in weight_observers), "prepared observers unchanged"
     assert sqnr(model(x), converted(x)) > 30
 

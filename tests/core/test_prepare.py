@@ -48,6 +48,7 @@ def test_prepare_does_not_mutate_the_callers_model():
     gm = export(model, torch.randn(1, 3, 32, 32))
     graph_before = str(gm.graph)
     state_before = {k: v.clone() for k, v in gm.state_dict().items()}
+    assert state_before, "the model has parameters and buffers to watch"
     meta_before = [dict(n.meta) for n in gm.graph.nodes]
     modules_before = dict(gm.named_modules())
     prepared = qw.prepare_pt2e(gm, make_reference_quantizer())

@@ -26,14 +26,12 @@ import torch
 from torch.fx import Node
 
 from ._modules.qtypes import (
-    INTEGER_DTYPE_RANGES,
     INTEGER_DTYPES,
-    PER_CHANNEL_QSCHEMES,
-    PER_TENSOR_QSCHEMES,
     QSCHEMES,
     dtype_range,
     is_integer_dtype,
     is_per_channel,
+    is_per_tensor,
 )
 
 __all__ = [
@@ -75,9 +73,6 @@ EdgeOrNode = tuple[Node, Node] | Node
 
 # The dtype and qscheme tables live in quantweave._modules.qtypes, once for the engine
 # (these names are aliases for the code below that still uses them).
-_INTEGER_DTYPES = INTEGER_DTYPE_RANGES
-_PER_TENSOR = PER_TENSOR_QSCHEMES
-_PER_CHANNEL = PER_CHANNEL_QSCHEMES
 
 
 def _dtype_names() -> str:
@@ -147,7 +142,7 @@ class QuantizationSpec(QuantizationSpecBase):
                 f"{kind}: observer_or_fake_quant_ctr must be callable (an observer class or "
                 f"its .with_args(...)); got {self.observer_or_fake_quant_ctr!r}"
             )
-        if self.is_dynamic and self.qscheme in _PER_CHANNEL:
+        if self.is_dynamic and is_per_channel(self.qscheme):
             raise ValueError(
                 f"{kind}: dynamic quantization supports per-tensor qschemes only; got qscheme={self.qscheme}"
             )
@@ -169,11 +164,11 @@ class FixedQParamsQuantizationSpec(QuantizationSpecBase):
         kind = "FixedQParamsQuantizationSpec"
         _check_range(kind, self.dtype, self.quant_min, self.quant_max)
         _check_qscheme(kind, self.qscheme, None)
-        if self.qscheme in _PER_CHANNEL:
+        if is_per_channel(self.qscheme):
             raise ValueError(f"{kind}: qscheme must be per-tensor; got {self.qscheme}")
         if not isinstance(self.scale, (int, float)) or not self.scale > 0:
             raise ValueError(f"{kind}: scale must be a positive number; got {self.scale!r}")
-        lo, hi = _INTEGER_DTYPES[self.dtype]
+        lo, hi = dtype_range(self.dtype)
         lo = lo if self.quant_min is None else self.quant_min
         hi = hi if self.quant_max is None else self.quant_max
         if isinstance(self.zero_point, bool) or not isinstance(self.zero_point, int):
@@ -259,7 +254,7 @@ def get_input_act_qspec(config: QuantizationConfig | None) -> QuantizationSpec |
     if config is None or config.input_activation is None:
         return None
     spec = config.input_activation
-    if spec.qscheme not in (None, *_PER_TENSOR):
+    if spec.qscheme is not None and not is_per_tensor(spec.qscheme):
         raise ValueError(f"input activation spec must be per-tensor; got qscheme={spec.qscheme}")
     return spec
 
@@ -269,7 +264,7 @@ def get_output_act_qspec(config: QuantizationConfig | None) -> QuantizationSpec 
     if config is None or config.output_activation is None:
         return None
     spec = config.output_activation
-    if spec.qscheme not in (None, *_PER_TENSOR):
+    if spec.qscheme is not None and not is_per_tensor(spec.qscheme):
         raise ValueError(f"output activation spec must be per-tensor; got qscheme={spec.qscheme}")
     return spec
 
@@ -279,7 +274,7 @@ def get_weight_qspec(config: QuantizationConfig | None) -> QuantizationSpec | No
     if config is None or config.weight is None:
         return None
     spec = config.weight
-    if spec.qscheme not in (None, *_PER_TENSOR, *_PER_CHANNEL):
+    if spec.qscheme is not None and spec.qscheme not in QSCHEMES:
         raise ValueError(f"weight spec has an unsupported qscheme: {spec.qscheme}")
     return spec
 

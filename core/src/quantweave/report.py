@@ -112,7 +112,8 @@ def annotation_report(model: GraphModule, quantizer: object | None = None) -> An
         raise TypeError(f"annotation_report expects a prepared or annotated GraphModule; got {type(model).__name__}")
     default = None if quantizer is None else quantizer_label(quantizer)
     try:
-        capabilities = list(quantizer.quantization_capabilities()) if quantizer is not None else []
+        declared = getattr(quantizer, "quantization_capabilities", None)
+        capabilities = list(declared()) if callable(declared) else []
     except Exception:  # a broken declaration must not hide what was quantized; list core ops only
         capabilities = []
     ops = reported_ops(capabilities)
