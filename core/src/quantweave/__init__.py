@@ -32,7 +32,7 @@ from .annotation import (
 )
 from .capabilities import FLOAT, Capability, Mode, Quant, TensorQuant
 from .compose import ComposableQuantizer
-from .convert import convert_pt2e
+from .convert import convert_pt2e, dequantize_ops, quantize_ops
 from .errors import (
     AnnotationConflictError,
     AnnotationError,
@@ -102,6 +102,8 @@ __all__ = [
     "annotate_input_qspec_map",
     "annotate_output_qspec",
     "convert_pt2e",
+    "dequantize_ops",
+    "quantize_ops",
     "get_bias_qspec",
     "get_input_act_qspec",
     "get_output_act_qspec",

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
-from quantweave.convert import dequantize_ops, quantize_ops
+from quantweave import dequantize_ops, quantize_ops
 
 __all__ = ["LoweredModule", "lower"]
 
