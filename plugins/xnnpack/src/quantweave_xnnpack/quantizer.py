@@ -23,10 +23,11 @@ partitioner lowers the result):
   reshape, slice, flatten, dropout and adaptive_avg_pool2d whose input has output qparams
   share them (input and output).
 
-Configs: module name > module type > operator type > global, each further restricted by
-``set_filter_function``; a config of ``None`` leaves the matched nodes float and records
-why. Everything is matched on aten ops (not source partitions), so functional and module
-forms are found under default non-strict ``torch.export``. Differences from ExecuTorch are
+Configs: module name > module type > operator type > global, selecting each pattern by its
+anchor op (the conv, linear, add...); ``set_filter_function`` must accept every compute node
+of a pattern; a config of ``None`` leaves the matched nodes float and records why.
+Everything is matched on aten ops (not source partitions), so functional and module forms
+are found under default non-strict ``torch.export``. Differences from ExecuTorch are
 listed in the package README.
 """
 
@@ -563,12 +564,6 @@ def _outside_filter(names: tuple[str, ...], types: frozenset[str]) -> NodeFilter
     return accepts
 
 
-def _with_user(accepts: NodeFilter, user: NodeFilter | None) -> NodeFilter:
-    if user is None:
-        return accepts
-    return lambda n: accepts(n) and bool(user(n))
-
-
 class XNNPACKQuantizer(qw.Quantizer):
     """ExecuTorch's XNNPACK recipe (see the module docstring), configured like ExecuTorch's
     ``XNNPACKQuantizer``: nothing is quantized until a config is set::
@@ -675,23 +670,22 @@ class XNNPACKQuantizer(qw.Quantizer):
         return _scalars_to_buffers(model)
 
     def _stages(self) -> list[_Stage]:
-        user = self.filter_fn
         names = tuple(self.module_name_config)
         types = frozenset(_type_name(t) for t in self.module_type_config)
         outside = _outside_filter(names, types)
         stages = [
-            _Stage(config, _with_user(_module_name_filter(name), user), f"module name {name!r}")
+            _Stage(config, _module_name_filter(name), f"module name {name!r}")
             for name, config in self.module_name_config.items()
         ]
         stages += [
-            _Stage(config, _with_user(_module_type_filter(tp), user), f"module type {tp.__name__}")
+            _Stage(config, _module_type_filter(tp), f"module type {tp.__name__}")
             for tp, config in self.module_type_config.items()
         ]
         stages += [
-            _Stage(config, _with_user(outside, user), f"operator type {op}", operator=op)
+            _Stage(config, outside, f"operator type {op}", operator=op)
             for op, config in self.operator_type_config.items()
         ]
-        stages.append(_Stage(self.global_config, _with_user(outside, user), "global config"))
+        stages.append(_Stage(self.global_config, outside, "global config"))
         return stages
 
     def annotate(self, model: GraphModule) -> GraphModule:
@@ -709,13 +703,16 @@ class XNNPACKQuantizer(qw.Quantizer):
         self._share_qparams(model)
         return model
 
-    @staticmethod
-    def _apply(stage: _Stage, pattern: _Pattern, match: _Match) -> None:
+    def _apply(self, stage: _Stage, pattern: _Pattern, match: _Match) -> None:
         if qw.is_annotated(match.nodes):
             return
         if stage.operator is not None and not _op_matches(stage.operator, match.anchor.target):
             return
-        if not all(stage.accepts(n) for n in match.nodes):
+        # a stage selects patterns by their anchor op (the conv, linear, add...); the user's
+        # filter function must accept every compute node of the pattern
+        if not stage.accepts(match.anchor):
+            return
+        if self.filter_fn is not None and not all(self.filter_fn(n) for n in match.nodes):
             return
         if stage.config is None:
             mark_annotated(match.nodes)
