@@ -574,28 +574,23 @@ def check_declaration_channels(info: QuantizerInfo, plugin: str = "") -> list[Co
             continue
         declared = {_strip(c) for c in info.capabilities if c.mode is mode}
         delivered = {_strip(c) for c in delivered_caps if isinstance(c, Capability) and c.mode is mode}
-        for cap in sorted(declared - delivered, key=capability_sort_key):
-            failures.append(
-                ConformanceFailure(
-                    plugin,
-                    info.name,
-                    cap.pattern,
-                    mode.value,
-                    "declared to the registry, but the instance's quantization_capabilities() does not return it "
-                    "(or returns it with other fields)",
-                )
+        mismatches = [
+            (
+                cap,
+                "declared to the registry, but the instance's quantization_capabilities() does not return it (or "
+                "returns it with other fields)",
             )
-        for cap in sorted(delivered - declared, key=capability_sort_key):
-            failures.append(
-                ConformanceFailure(
-                    plugin,
-                    info.name,
-                    cap.pattern,
-                    mode.value,
-                    "returned by the instance's quantization_capabilities() but not declared to the registry "
-                    f"(QuantizerInfo.capabilities): {cap.activation} / {cap.weight}",
-                )
+            for cap in declared - delivered
+        ] + [
+            (
+                cap,
+                "returned by the instance's quantization_capabilities() but not declared to the registry "
+                f"(QuantizerInfo.capabilities): {cap.activation} / {cap.weight}",
             )
+            for cap in delivered - declared
+        ]
+        for cap, message in sorted(mismatches, key=lambda item: capability_sort_key(item[0])):
+            failures.append(ConformanceFailure(plugin, info.name, cap.pattern, mode.value, message))
     return failures
 
 
