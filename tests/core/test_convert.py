@@ -197,3 +197,64 @@ def test_saved_converted_model_is_small_and_round_trips_exactly(tmp_path):
     buffer = io.BytesIO()
     torch.export.save(torch.export.load(int8), buffer)
     assert buffer.getbuffer().nbytes > 0
+
+
+# -- fold_quantize=False: weights stay float, quantize -> dequantize in the graph -----------------
+
+
+def _unfolded_and_folded(model, x, quantizer):
+    prepared = qw.prepare_pt2e(export(model, x), quantizer)
+    prepared(x)
+    return qw.convert_pt2e(prepared, fold_quantize=False), qw.convert_pt2e(prepared)
+
+
+def test_unfolded_weights_stay_float_parameters_followed_by_quantize_dequantize():
+    model, x = TwoLinear().eval(), torch.randn(4, 16)
+    unfolded, folded = _unfolded_and_folded(model, x, LinearQuantizer(act_spec(torch.int8), weight_spec()))
+    weight_qs = [n for n in unfolded.graph.nodes if n.target == qd.quantize_per_channel.default]
+    assert len(weight_qs) == 2, "one per-channel quantize per linear weight"
+    for q in weight_qs:
+        source = q.args[0]
+        assert source.op == "get_attr", f"{q.name} quantizes {source.op} {source.name}, not a stored weight"
+        stored = unfolded.get_parameter(source.target)
+        assert stored.dtype == torch.float32, f"{source.target} is stored as {stored.dtype}"
+        (dq,) = q.users
+        assert dq.target == qd.dequantize_per_channel.default
+        assert {u.target for u in dq.users} == {aten.linear.default}
+    # the float weights are the model's own values (nothing is rounded into storage)
+    assert torch.equal(unfolded.get_parameter(weight_qs[0].args[0].target), model.a.weight)
+    assert not [name for name, _ in unfolded.named_buffers() if name.startswith("_frozen_param")]
+    assert [b.dtype for n, b in folded.named_buffers() if n.startswith("_frozen_param")] == [torch.int8] * 2
+
+
+def test_unfolded_and_folded_models_compute_the_same_outputs():
+    model = resnet18_like()
+    x = example_inputs(model, image=32)[0]
+    prepared = qw.prepare_pt2e(export(model, x), make_reference_quantizer())
+    for (batch,) in calibration_batches(model, 2, image=32):
+        prepared(batch)
+    folded = qw.convert_pt2e(prepared)
+    unfolded = qw.convert_pt2e(prepared, fold_quantize=False)
+    assert count_ops(unfolded, (qd.quantize_per_channel.default,)) > 0
+    # the same integer weights, rounded at run time instead of at convert time
+    torch.testing.assert_close(unfolded(x), folded(x), rtol=1e-5, atol=1e-5)
+
+
+def test_unfolded_model_exports_saves_and_loads_with_identical_outputs(tmp_path):
+    model, x = TwoLinear().eval(), torch.randn(4, 16)
+    unfolded, _ = _unfolded_and_folded(model, x, LinearQuantizer(act_spec(torch.int8), weight_spec()))
+    program = torch.export.export(unfolded, (x,))
+    assert count_ops(program.module(), (qd.quantize_per_channel.default,)) == 2
+    path = tmp_path / "unfolded.pt2"
+    torch.export.save(program, path)
+    loaded = torch.export.load(path).module()
+    assert torch.equal(loaded(x), unfolded(x))
+    assert count_ops(loaded, (qd.quantize_per_channel.default,)) == 2
+
+
+def test_fold_quantize_must_be_a_bool():
+    model, x = TwoLinear().eval(), torch.randn(4, 16)
+    prepared = qw.prepare_pt2e(export(model, x), LinearQuantizer(act_spec(), weight_spec()))
+    prepared(x)
+    with pytest.raises(TypeError, match="fold_quantize must be a bool; got 'no'"):
+        qw.convert_pt2e(prepared, fold_quantize="no")

@@ -71,7 +71,10 @@ def convert_pt2e(model: GraphModule, fold_quantize: bool = True) -> GraphModule:
 
     After ``prepare_qat_pt2e``, each conv/batch-norm pair rewritten for QAT is folded first
     (the batch norm's running statistics go into the conv). ``fold_quantize=True`` stores
-    constant inputs (weights) already quantized.
+    constant inputs (weights) already quantized; ``fold_quantize=False`` keeps them float
+    parameters followed by quantize -> dequantize in the graph (the same integer values,
+    rounded at run time), the form converters that match q/dq around weights need (the
+    LiteRT converter rejects folded int8 weights).
     Raises :class:`ObserverNotCalibratedError` naming every observer that saw no data.
     """
     check_graph_module(model, "convert_pt2e")
