@@ -1,0 +1,275 @@
+"""The LiteRT (TFLite) int8 scheme as a quantweave quantizer, on quantweave's public API only.
+
+What LiteRT's int8 kernels expect (the TFLite quantization specification):
+
+- activations int8 per-tensor *affine* in [-128, 127] (HistogramObserver, eps 2**-12);
+- weights int8 *symmetric per-channel* in [-127, 127] along axis 0 (the output channels of
+  conv2d and linear); biases stay float (the converter makes them int32 with scale
+  input_scale * weight_scale);
+- LOGISTIC (sigmoid) and SOFTMAX outputs have fixed qparams: scale 1/256, zero point -128;
+- ops that only move or select values (max_pool2d, adaptive_avg_pool2d, flatten, reshape,
+  view, and the inputs of cat) keep their input's qparams, so they share them;
+- conv2d / linear / add followed by relu run as one op with a fused activation: the relu's
+  output is quantized, the tensor between them is not.
+
+Static patterns: conv2d, conv2d + relu, linear, linear + relu, add, add + relu, mul, cat,
+sigmoid, softmax, and (only after one of this quantizer's own quantized outputs)
+max_pool2d, adaptive_avg_pool2d, flatten, reshape, view. With ``is_dynamic=True`` the
+quantizer annotates only the weights of linear (LiteRT's dynamic-range quantization: the
+converter turns an int8-weight linear with float input into a FULLY_CONNECTED that
+quantizes its input at run time); quantweave declares that mode ``weight_only``, because
+the PT2E graph quantizes only the weight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.fx import GraphModule, Node
+
+import quantweave as qw
+from quantweave.observers import HistogramObserver, PerChannelMinMaxObserver
+from quantweave.plugin_api import FLOAT, Capability, Mode, Quant, TensorQuant, mark_annotated, set_skip_reason
+
+__all__ = ["CAPABILITIES", "FIXED_SCALE", "FIXED_ZERO_POINT", "LiteRTQuantizer", "LiteRTConversionMode"]
+
+aten = torch.ops.aten
+
+#: LOGISTIC and SOFTMAX outputs in LiteRT's int8 scheme
+FIXED_SCALE = 1.0 / 256.0
+FIXED_ZERO_POINT = -128
+
+ACT = TensorQuant("int8", -128, 127, "per_tensor", symmetric=False)
+WEIGHT = TensorQuant("int8", -127, 127, "per_channel", symmetric=True, ch_axis=0)
+OWN = Quant.quantized(ACT)
+FIXED = Quant.fixed(FIXED_SCALE, FIXED_ZERO_POINT, ACT)
+SHARED = Quant.shared(0)
+
+_S = Mode.STATIC
+CAPABILITIES: tuple[Capability, ...] = (
+    Capability("conv2d", _S, ACT, WEIGHT, output=OWN, bias=FLOAT),
+    Capability("conv2d_relu", _S, ACT, WEIGHT, output=OWN, bias=FLOAT, fused=True),
+    Capability("linear", _S, ACT, WEIGHT, output=OWN, bias=FLOAT),
+    Capability("linear_relu", _S, ACT, WEIGHT, output=OWN, bias=FLOAT, fused=True),
+    Capability("add", _S, ACT, output=OWN),
+    Capability("add_relu", _S, ACT, output=OWN, fused=True),
+    Capability("mul", _S, ACT, output=OWN),
+    Capability("cat", _S, ACT, output=SHARED),
+    Capability("sigmoid", _S, ACT, output=FIXED),
+    Capability("softmax", _S, ACT, output=FIXED),
+    Capability("max_pool2d", _S, ACT, output=SHARED, input_from="own"),
+    Capability("adaptive_avg_pool2d", _S, ACT, output=SHARED, input_from="own"),
+    Capability("flatten", _S, ACT, output=SHARED, input_from="own"),
+    Capability("reshape", _S, ACT, output=SHARED, input_from="own"),
+    Capability("view", _S, ACT, output=SHARED, input_from="own"),
+    Capability("linear", Mode.WEIGHT_ONLY, None, WEIGHT, output=FLOAT, bias=FLOAT),
+)
+
+_CONV = frozenset((aten.conv2d.default, aten.conv2d.padding))
+_LINEAR = frozenset((aten.linear.default,))
+_ADD = frozenset((aten.add.Tensor,))
+_MUL = frozenset((aten.mul.Tensor,))
+_CAT = frozenset((aten.cat.default,))
+_RELU = frozenset((aten.relu.default,))
+_FIXED = frozenset((aten.sigmoid.default, aten.softmax.int, aten._softmax.default))
+_SHARING = frozenset(
+    (
+        aten.max_pool2d.default,
+        aten.adaptive_avg_pool2d.default,
+        aten.flatten.using_ints,
+        aten.reshape.default,
+        aten.view.default,
+    )
+)
+
+
+class LiteRTConversionMode:
+    """What ``litert_torch``'s ``QuantConfig`` reads from the quantizer it is given
+    (``quantizer.global_config.is_dynamic``: STATIC or DYNAMIC q/dq conversion)."""
+
+    def __init__(self, is_dynamic: bool) -> None:
+        self.is_dynamic = is_dynamic
+
+    def __repr__(self) -> str:
+        return f"LiteRTConversionMode(is_dynamic={self.is_dynamic})"
+
+
+def _is_float_tensor(node: Any) -> bool:
+    val = node.meta.get("val") if isinstance(node, Node) else None
+    return isinstance(val, torch.Tensor) and val.dtype == torch.float32
+
+
+def _calls(node: Any, targets: Iterable[Any]) -> bool:
+    return isinstance(node, Node) and node.op == "call_function" and node.target in targets
+
+
+def _only_user(node: Node, targets: Iterable[Any]) -> Node | None:
+    users = list(node.users)
+    return users[0] if len(users) == 1 and _calls(users[0], targets) else None
+
+
+class LiteRTQuantizer(qw.Quantizer):
+    """LiteRT int8: static (default) or, with ``is_dynamic=True``, dynamic-range linear
+    (int8 weights only; declared as quantweave mode ``weight_only``)."""
+
+    name = "litert"
+
+    def __init__(self, is_dynamic: bool = False) -> None:
+        if not isinstance(is_dynamic, bool):
+            raise TypeError(f"LiteRTQuantizer: is_dynamic must be a bool; got {is_dynamic!r}")
+        self.is_dynamic = is_dynamic
+        # nodes whose output carries qparams this quantizer chose (filled by annotate)
+        self._quantized: set[Node] = set()
+        self.act = qw.QuantizationSpec(
+            dtype=torch.int8,
+            quant_min=-128,
+            quant_max=127,
+            qscheme=torch.per_tensor_affine,
+            observer_or_fake_quant_ctr=HistogramObserver.with_args(eps=2**-12),
+        )
+        self.weight = qw.QuantizationSpec(
+            dtype=torch.int8,
+            quant_min=-127,
+            quant_max=127,
+            qscheme=torch.per_channel_symmetric,
+            ch_axis=0,
+            observer_or_fake_quant_ctr=PerChannelMinMaxObserver.with_args(eps=2**-12),
+        )
+        self.fixed = qw.FixedQParamsQuantizationSpec(
+            dtype=torch.int8,
+            scale=FIXED_SCALE,
+            zero_point=FIXED_ZERO_POINT,
+            quant_min=-128,
+            quant_max=127,
+            qscheme=torch.per_tensor_affine,
+        )
+
+    @property
+    def global_config(self) -> LiteRTConversionMode:
+        """Read by ``litert_torch.quantize.quant_config.QuantConfig`` to pick the converter's
+        q/dq conversion mode (see :func:`quantweave_litert.to_tflite`)."""
+        return LiteRTConversionMode(self.is_dynamic)
+
+    def quantization_capabilities(self) -> tuple[Capability, ...]:
+        mode = Mode.WEIGHT_ONLY if self.is_dynamic else Mode.STATIC
+        return tuple(c for c in CAPABILITIES if c.mode is mode)
+
+    # -- annotation ------------------------------------------------------------------------------
+
+    def annotate(self, model: GraphModule) -> GraphModule:
+        # nodes whose output carries qparams this quantizer chose, in graph order: an op that
+        # shares its input's qparams is quantized only after one of them
+        self._quantized = set()
+        try:
+            for node in list(model.graph.nodes):
+                if node.op == "call_function" and not qw.is_annotated(node):
+                    self._annotate_node(node)
+        finally:
+            self._quantized = set()  # hold no reference to the graph
+        return model
+
+    def _annotate_node(self, node: Node) -> None:
+        if self.is_dynamic:
+            if node.target in _LINEAR:
+                self._weight_only(node)
+        elif node.target in _CONV or node.target in _LINEAR:
+            self._weighted(node)
+        elif node.target in _ADD or node.target in _MUL:
+            self._binary(node)
+        elif node.target in _CAT:
+            self._cat(node)
+        elif node.target in _FIXED:
+            self._fixed_output(node)
+        elif node.target in _SHARING:
+            self._sharing(node)
+
+    def _input_spec(self, producer: Node) -> qw.QuantizationSpecBase:
+        """The spec of an activation input edge: a tensor this quantizer already quantized
+        keeps its qparams (no requantization); any other gets int8 activation qparams."""
+        return qw.SharedQuantizationSpec(producer) if producer in self._quantized else self.act
+
+    def _weighted(self, node: Node) -> None:
+        x, weight = node.args[0], node.args[1] if len(node.args) > 1 else None
+        if not (_is_float_tensor(x) and isinstance(weight, Node) and _is_float_tensor(node)):
+            set_skip_reason(node, "litert: needs a float32 input and a weight tensor")
+            return
+        assert isinstance(x, Node)
+        qw.annotate_input_qspec_map(node, x, self._input_spec(x))
+        qw.annotate_input_qspec_map(node, weight, self.weight)
+        relu = _only_user(node, _RELU)
+        if relu is not None and not qw.is_annotated(relu):
+            qw.annotate_output_qspec(relu, self.act)  # fused activation: conv/linear -> relu unquantized
+            mark_annotated([node, relu])
+            self._quantized.add(relu)
+        else:
+            qw.annotate_output_qspec(node, self.act)
+            mark_annotated(node)
+            self._quantized.add(node)
+
+    def _weight_only(self, node: Node) -> None:
+        weight = node.args[1] if len(node.args) > 1 else None
+        if not (isinstance(weight, Node) and _is_float_tensor(weight)):
+            set_skip_reason(node, "litert (dynamic): needs a float32 weight tensor")
+            return
+        qw.annotate_input_qspec_map(node, weight, self.weight)
+        mark_annotated(node)
+
+    def _binary(self, node: Node) -> None:
+        operands = node.args[:2]
+        if len(operands) != 2 or not all(_is_float_tensor(a) for a in operands) or not _is_float_tensor(node):
+            set_skip_reason(node, "litert: add/mul are quantized when both operands are float32 tensors")
+            return
+        for operand in dict.fromkeys(operands):
+            assert isinstance(operand, Node)
+            qw.annotate_input_qspec_map(node, operand, self._input_spec(operand))
+        relu = _only_user(node, _RELU) if node.target in _ADD else None
+        if relu is not None and not qw.is_annotated(relu):
+            qw.annotate_output_qspec(relu, self.act)
+            mark_annotated([node, relu])
+            self._quantized.add(relu)
+        else:
+            qw.annotate_output_qspec(node, self.act)
+            mark_annotated(node)
+            self._quantized.add(node)
+
+    def _cat(self, node: Node) -> None:
+        inputs = node.args[0]
+        if not isinstance(inputs, (list, tuple)) or not inputs or not all(_is_float_tensor(a) for a in inputs):
+            set_skip_reason(node, "litert: cat is quantized when every input is a float32 tensor")
+            return
+        first = inputs[0]
+        assert isinstance(first, Node)
+        # LiteRT's CONCATENATION: every input and the output share one set of qparams
+        qw.annotate_input_qspec_map(node, first, self._input_spec(first))
+        shared = qw.SharedQuantizationSpec((first, node))
+        for other in dict.fromkeys(inputs[1:]):
+            if other is not first:
+                assert isinstance(other, Node)
+                qw.annotate_input_qspec_map(node, other, shared)
+        qw.annotate_output_qspec(node, shared)
+        mark_annotated(node)
+        self._quantized.add(node)
+
+    def _fixed_output(self, node: Node) -> None:
+        x = node.args[0]
+        if not (_is_float_tensor(x) and _is_float_tensor(node)):
+            set_skip_reason(node, "litert: needs a float32 input")
+            return
+        assert isinstance(x, Node)
+        qw.annotate_input_qspec_map(node, x, self._input_spec(x))
+        qw.annotate_output_qspec(node, self.fixed)  # LOGISTIC / SOFTMAX: scale 1/256, zero point -128
+        mark_annotated(node)
+        self._quantized.add(node)
+
+    def _sharing(self, node: Node) -> None:
+        x = node.args[0]
+        if not isinstance(x, Node) or x not in self._quantized:
+            reason = f"litert: {node.target} keeps its input's qparams, and its input is not quantized by litert"
+            set_skip_reason(node, reason)
+            return
+        qw.annotate_input_qspec_map(node, x, qw.SharedQuantizationSpec(x))
+        qw.annotate_output_qspec(node, qw.SharedQuantizationSpec((x, node)))
+        mark_annotated(node)
+        self._quantized.add(node)
