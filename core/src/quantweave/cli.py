@@ -6,6 +6,9 @@ quantizers and, for failures, the reason.
 ``quantweave capabilities [--plugin NAME] [--mode MODE] [--json] [--details]``: a pattern x
 quantizer table of declared capabilities (cells list the modes), one row per capability
 with everything it states (``--details``), or the records as JSON.
+
+``quantweave new-plugin NAME [--dir DIR]``: generate a plugin project (see
+:mod:`quantweave.scaffold`).
 """
 
 from __future__ import annotations
@@ -96,7 +99,12 @@ def main(argv: Sequence[str] | None = None, manager: PluginManager | None = None
     p_caps.add_argument(
         "--details", action="store_true", help="one row per capability: inputs, weight, bias, output, fusion"
     )
+    p_new = sub.add_parser("new-plugin", help="generate a plugin project (package, quantizer, tests, pyproject)")
+    p_new.add_argument("name", help="the plugin's name, e.g. 'acme' (distribution quantweave-acme)")
+    p_new.add_argument("--dir", help="where to generate it (default: ./quantweave-NAME); must be absent or empty")
     args = parser.parse_args(argv)
+    if args.command == "new-plugin":
+        return _new_plugin(args.name, args.dir)
     manager = manager or default_manager()
     if args.command == "plugins":
         print(render_plugins(manager, args.json))
@@ -106,4 +114,21 @@ def main(argv: Sequence[str] | None = None, manager: PluginManager | None = None
         print(f"quantweave: no plugin named {args.plugin!r}; installed: {known}", file=sys.stderr)
         return 2
     print(render_capabilities(manager, args.plugin, args.mode, args.json, args.details))
+    return 0
+
+
+def _new_plugin(name: str, directory: str | None) -> int:
+    from .scaffold import ScaffoldError, new_plugin, plugin_names
+
+    try:
+        written = new_plugin(name, directory)
+    except ScaffoldError as exc:
+        print(f"quantweave new-plugin: {exc}", file=sys.stderr)
+        return 2
+    names = plugin_names(name)
+    root = written[0].parent
+    print(f"created {names.dist} in {root} (package {names.package}, entry point {names.name}):")
+    for path in written:
+        print(f"  {path.relative_to(root)}")
+    print(f"next: cd {root} && pip install torch==2.13.0 && pip install -e '.[test]' && pytest")
     return 0

@@ -1,0 +1,162 @@
+"""``quantweave new-plugin``: the generated project is complete, imports only the plugin
+contract, targets the current plugin API, and its plugin passes the conformance kit as
+generated (imported from the generated directory, in-process). Installing it, running its
+own tests and building its wheel is the tox env ``publish`` (tests/publish)."""
+
+import ast
+import importlib
+import sys
+import tomllib
+from importlib import resources
+
+import pytest
+
+from quantweave.cli import main
+from quantweave.plugin_api import PLUGIN_API_RELEASES, PLUGIN_API_VERSION
+from quantweave.scaffold import _FILES, ScaffoldError, new_plugin, plugin_names
+from quantweave.testing.conformance import assert_plugin_conforms
+
+EXPECTED = {
+    "pyproject.toml",
+    "README.md",
+    "LICENSE",
+    "tox.ini",
+    ".gitignore",
+    "src/quantweave_scaffold_probe/__init__.py",
+    "src/quantweave_scaffold_probe/plugin.py",
+    "src/quantweave_scaffold_probe/quantizer.py",
+    "src/quantweave_scaffold_probe/py.typed",
+    "tests/test_conformance.py",
+}
+NAME = "scaffold-probe"
+
+
+@pytest.fixture
+def project(tmp_path):
+    root = tmp_path / "probe"
+    written = new_plugin(NAME, root)
+    return root, written
+
+
+@pytest.fixture
+def generated_package(project):
+    root, _ = project
+    sys.path.insert(0, str(root / "src"))
+    try:
+        yield importlib.import_module("quantweave_scaffold_probe.plugin")
+    finally:
+        sys.path.remove(str(root / "src"))
+        for module in [m for m in sys.modules if m.startswith("quantweave_scaffold_probe")]:
+            del sys.modules[module]
+
+
+def test_the_project_has_every_file(project):
+    root, written = project
+    assert {p.relative_to(root).as_posix() for p in written} == EXPECTED
+    assert {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()} == EXPECTED
+
+
+def test_the_names_follow_the_plugin_name():
+    names = plugin_names("my-npu")
+    assert (names.name, names.dist, names.package, names.class_name) == (
+        "my-npu",
+        "quantweave-my-npu",
+        "quantweave_my_npu",
+        "MyNpuQuantizer",
+    )
+
+
+def test_pyproject_declares_the_entry_point_the_range_and_the_packaging(project):
+    root, _ = project
+    data = tomllib.loads((root / "pyproject.toml").read_text())
+    release = PLUGIN_API_RELEASES[PLUGIN_API_VERSION][0]
+    assert data["build-system"] == {"requires": ["hatchling>=1.27"], "build-backend": "hatchling.build"}
+    project_table = data["project"]
+    assert project_table["name"] == "quantweave-scaffold-probe"
+    assert project_table["dependencies"] == [f"quantweave>={release},<0.2"]
+    assert project_table["entry-points"] == {"quantweave": {NAME: "quantweave_scaffold_probe.plugin"}}
+    assert project_table["license-files"] == ["LICENSE"]
+    assert project_table["requires-python"] == ">=3.11"
+    assert project_table["dynamic"] == ["version"]
+    hatch = data["tool"]["hatch"]
+    assert hatch["version"] == {"path": "src/quantweave_scaffold_probe/__init__.py"}
+    assert hatch["build"]["targets"]["wheel"]["packages"] == ["src/quantweave_scaffold_probe"]
+    assert "torch==2.13.0" in (root / "tox.ini").read_text().split()
+    assert "PLACEHOLDER" in (root / "LICENSE").read_text()
+
+
+def test_the_package_imports_only_the_plugin_contract(project):
+    root, _ = project
+    allowed = {"quantweave", "quantweave.plugin_api", "quantweave.observers"}
+    for path in (root / "src").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                modules = [node.module or ""]
+            else:
+                continue
+            for module in modules:
+                if module.split(".")[0] == "quantweave":
+                    assert module in allowed, f"{path.name} imports {module}"
+
+
+def test_the_generated_plugin_targets_the_current_api_and_conforms(generated_package):
+    assert generated_package.QUANTWEAVE_PLUGIN_API == PLUGIN_API_VERSION
+    (info,) = generated_package.quantweave_quantizers()
+    assert info.name == NAME
+    assert {c.pattern for c in info.capabilities} == {"conv2d", "conv2d_relu", "linear"}
+    # the full form: every field the kit checks is stated
+    for cap in info.capabilities:
+        assert None not in (cap.activation, cap.weight, cap.output, cap.bias), cap
+    assert_plugin_conforms(generated_package, name=NAME)
+
+
+def test_the_generated_tests_call_the_kit(project):
+    root, _ = project
+    text = (root / "tests" / "test_conformance.py").read_text()
+    assert f'assert_plugin_conforms(plugin, name="{NAME}")' in text
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["Acme", "1acme", "my npu", "a--b", "acme-", "_acme", "acme.x", "", "x" * 41, "quantweave-acme"],
+)
+def test_a_bad_name_is_refused_saying_what_is_allowed(bad, tmp_path):
+    with pytest.raises(ScaffoldError, match=r"invalid plugin name") as info:
+        new_plugin(bad, tmp_path / "out")
+    assert repr(bad) in str(info.value)
+    assert "lower-case" in str(info.value) or "own name" in str(info.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_existing_non_empty_directory_is_not_overwritten(tmp_path):
+    (tmp_path / "keep.txt").write_text("mine")
+    with pytest.raises(ScaffoldError, match="exists and is not empty"):
+        new_plugin("acme", tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert new_plugin("acme", empty)
+
+
+def test_the_cli_generates_and_reports_errors(tmp_path, capsys):
+    assert main(["new-plugin", "acme", "--dir", str(tmp_path / "acme")]) == 0
+    out = capsys.readouterr().out
+    assert "created quantweave-acme" in out and "src/quantweave_acme/plugin.py" in out
+    assert main(["new-plugin", "acme", "--dir", str(tmp_path / "acme")]) == 2
+    assert "exists and is not empty" in capsys.readouterr().err
+    assert main(["new-plugin", "Bad Name", "--dir", str(tmp_path / "bad")]) == 2
+    assert "invalid plugin name 'Bad Name'" in capsys.readouterr().err
+
+
+def test_the_default_directory_is_named_after_the_distribution(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["new-plugin", "acme"]) == 0
+    assert (tmp_path / "quantweave-acme" / "pyproject.toml").is_file()
+
+
+def test_every_template_is_package_data():
+    shipped = {p.name for p in resources.files("quantweave._scaffold").iterdir()}
+    assert {t for t in _FILES.values() if t} <= shipped
