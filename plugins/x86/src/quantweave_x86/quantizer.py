@@ -22,6 +22,12 @@ partitions), so they are found under default non-strict ``torch.export``, with f
 or module activations; standalone conv1d is quantized too. Configs are applied module name
 > operator type > global; ``None`` leaves the matched nodes float and records why in
 ``node.meta[quantweave.plugin_api.SKIP_REASON_KEY]`` (through ``set_skip_reason``).
+
+Every node whose op is in one of x86's patterns and that x86 leaves float gets a reason
+too (``set_skip_reason``), read by ``quantweave.annotation_report``: the rule that did not
+apply here (pooling whose input is not quantized by an x86 pattern, an activation that
+does not follow a conv / linear it can fuse with, a flatten with no quantized consumer, a
+mul of differently shaped tensors, matmul not enabled, no config covering the node...).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import torch.nn.functional as F
 from torch.fx import GraphModule, Node
 
 import quantweave as qw
+from quantweave.capabilities import tensor_quant_from_spec
 from quantweave.observers import (
     FakeQuantize,
     FusedMovingAvgObsFakeQuantize,
@@ -45,7 +52,15 @@ from quantweave.observers import (
     PerChannelMinMaxObserver,
     PlaceholderObserver,
 )
-from quantweave.plugin_api import ANNOTATION_KEY, Capability, is_annotated, mark_annotated, set_skip_reason
+from quantweave.plugin_api import (
+    ANNOTATED_BY_KEY,
+    ANNOTATION_KEY,
+    SKIP_REASON_KEY,
+    Capability,
+    is_annotated,
+    mark_annotated,
+    set_skip_reason,
+)
 
 from ._capabilities import declared_capabilities
 
@@ -335,12 +350,217 @@ class X86InductorQuantizer(qw.Quantizer):
             matmul = self.enable_matmul or stage.description != "global config"
             _StageAnnotator(stage, matmul=matmul, qat=qat).run(model)
         _share_outputs_of_int8_in_int8_out(model)
+        self._explain_float(model)
         return model
+
+    def __repr__(self) -> str:
+        parts = [f"name={self.name!r}", f"global={_describe_config(self.global_config)}"]
+        parts += [f"reduce_range={self.reduce_range}", f"enable_matmul={self.enable_matmul}"]
+        if self.module_name_qconfig:
+            names = ", ".join(f"{n!r}: {_describe_config(c)}" for n, c in self.module_name_qconfig.items())
+            parts.append(f"module_name={{{names}}}")
+        if self.operator_type_qconfig:
+            ops = ", ".join(f"{op}: {_describe_config(c)}" for op, c in self.operator_type_qconfig.items())
+            parts.append(f"operator_type={{{ops}}}")
+        return f"{type(self).__name__}({', '.join(parts)})"
+
+    # -- why nodes stay float ------------------------------------------------------------------
+
+    def _explain_float(self, model: GraphModule) -> None:
+        """Record, through the public protocol (``set_skip_reason``), why each node whose op
+        belongs to one of x86's patterns stayed float. A reason another quantizer (an earlier
+        member of a composition) already recorded is kept."""
+        for node in model.graph.nodes:
+            if node.op != "call_function" or str(node.target) not in _EXPLAINED_OPS or is_annotated(node):
+                continue
+            if isinstance(node.meta.get(SKIP_REASON_KEY), str):
+                continue
+            set_skip_reason(node, self._why_float(node))
+
+    def _covering_config(self, node: Node) -> tuple[bool, str]:
+        """(a config applies to ``node``, which one): module name > operator type > global."""
+        for name, config in self.module_name_qconfig.items():
+            if name in _module_paths(node):
+                return config is not None, f"module name {name!r}"
+        if node.target in self.operator_type_qconfig:
+            return self.operator_type_qconfig[node.target] is not None, f"operator type {node.target}"
+        return self.global_config is not None, "global config"
+
+    def _why_float(self, node: Node) -> str:
+        op = _short(node)
+        target = node.target
+        if target == aten.matmul.default and not self.enable_matmul and target not in self.operator_type_qconfig:
+            return (
+                "matmul is opt-in: X86InductorQuantizer(enable_matmul=True) or "
+                "set_function_type_qconfig(torch.matmul, config)"
+            )
+        applies, which = self._covering_config(node)
+        if not applies and target in _QUANTIZABLE:
+            if which == "global config":
+                return "no x86 config covers it (the global config is None, no module name or operator config matches)"
+            return f"{which} configured None"
+        if target in _WEIGHTED_OPS:
+            return f"{op} was not matched by an x86 pattern (its input or weight is not a graph tensor)"
+        if target in _ADD:
+            return _why_add_float(node)
+        if target in _FUSES_AFTER:
+            producers, patterns = _FUSES_AFTER[target]
+            return _why_fused_float(node, producers, f"{op} is quantized by x86 only fused after {patterns}")
+        if target in (aten.mul.Tensor, aten.matmul.default):
+            return _why_two_inputs_float(node)
+        if target == aten.cat.default:
+            for i in node.all_input_nodes:
+                if not _ends_quantized_pattern(i):
+                    return (
+                        "cat is quantized by x86 only when every input is the output of a quantized x86 pattern; "
+                        f"here {_what_is(i)}"
+                    )
+        if target == aten.flatten.using_ints and node.users and not any(u.target in _QUANTIZABLE for u in node.users):
+            return (
+                "not followed by a quantized consumer (x86 quantizes flatten only when a conv / linear / mul uses it)"
+            )
+        if target in _PROPAGATE and node.all_input_nodes:
+            first = node.all_input_nodes[0]
+            if not _ends_quantized_pattern(first):
+                return (
+                    f"input is not quantized by an x86 pattern ({op} is quantized only when its input is): "
+                    f"{_what_is(first)}"
+                )
+        if not applies:
+            return "no x86 config covers it (the global config is None, no module name or operator config matches)"
+        return f"{op} was not matched by an x86 pattern here"
 
 
 def _is_dynamic(config: qw.QuantizationConfig) -> bool | None:
     act = config.input_activation
     return None if act is None else bool(act.is_dynamic)
+
+
+def _config_key(value: Any) -> Any:
+    """A comparable form of a config: observer constructors (``.with_args`` partials, which
+    compare by identity) as their class and arguments."""
+    if isinstance(value, qw.QuantizationConfig):
+        return tuple(
+            _config_key(getattr(value, f)) for f in ("input_activation", "output_activation", "weight", "bias")
+        )
+    if isinstance(value, qw.QuantizationSpec):
+        return (
+            value.dtype,
+            value.quant_min,
+            value.quant_max,
+            value.qscheme,
+            value.ch_axis,
+            value.is_dynamic,
+            _config_key(value.observer_or_fake_quant_ctr),
+        )
+    partial = getattr(value, "p", None)
+    if isinstance(partial, functools.partial):
+        return (partial.func, tuple(sorted((k, _config_key(v)) for k, v in partial.keywords.items())))
+    return value
+
+
+def _describe_config(config: qw.QuantizationConfig | None) -> str:
+    """A config as a person reads it: the default recipe by its options, else its tensors."""
+    if config is None:
+        return "None"
+    for is_qat in (False, True):
+        for is_dynamic in (False, True):
+            for reduce_range in (False, True):
+                default = get_default_x86_inductor_quantization_config(
+                    is_qat=is_qat, is_dynamic=is_dynamic, reduce_range=reduce_range
+                )
+                if config is default or _config_key(config) == _config_key(default):
+                    mode = "qat" if is_qat else "dynamic" if is_dynamic else "static"
+                    return f"default({mode}{', reduce_range' if reduce_range else ''})"
+    act = tensor_quant_from_spec(config.input_activation)
+    weight = tensor_quant_from_spec(config.weight)
+    dynamic = ", dynamic" if _is_dynamic(config) else ""
+    qat = ", qat" if config.is_qat else ""
+    return f"QuantizationConfig(activation={act}, weight={weight}{dynamic}{qat})"
+
+
+# -- why a node stayed float ----------------------------------------------------------------------
+
+_WEIGHTED_OPS = (_CONV1D, _CONV2D, _LINEAR)
+# activations (and batch norm) x86 quantizes only fused after a producer: op -> (producers, in words)
+_FUSES_AFTER: dict[Any, tuple[tuple[Any, ...], str]] = {
+    **dict.fromkeys(_RELU, ((_CONV1D, _CONV2D, _LINEAR, *_ADD), "conv1d, conv2d, linear, or their add")),
+    **dict.fromkeys(tuple(t for t in _CONV_UNARY if t not in _RELU), ((_CONV2D,), "conv2d")),
+    **dict.fromkeys((aten.leaky_relu.default, aten.tanh.default, aten.gelu.default), ((_LINEAR,), "linear")),
+    aten.batch_norm.default: ((_CONV2D,), "conv2d (QAT; in post-training batch norm is folded into the conv)"),
+}
+# every op of a pattern x86 can declare
+_EXPLAINED_OPS = frozenset(
+    op for cap in declared_capabilities(is_qat=True, enable_matmul=True) for op in cap.ops
+) | frozenset(str(t) for t in (*_RELU, *_CONV_UNARY, *_LINEAR_UNARY))
+
+
+def _short(node: Node) -> str:
+    parts = str(node.target).split(".")
+    return parts[1] if len(parts) == 3 else str(node.target)
+
+
+def _named(node: Node) -> str:
+    """``relu_3 (relu)``, or just ``sigmoid`` when the node is named after its op."""
+    if node.op != "call_function":
+        return f"{node.name} ({node.op})"
+    short = _short(node)
+    return node.name if node.name == short else f"{node.name} ({short})"
+
+
+def _what_is(node: Node) -> str:
+    """What ``node`` is, for a reason: float, or quantized by someone other than x86."""
+    annotation = _annotation(node)
+    if node.op == "placeholder":
+        return f"{node.name} is a float model input"
+    if node.op != "call_function":
+        return f"{_named(node)} is float"
+    if is_annotated(node) and not isinstance(annotation, X86Annotation):
+        by = node.meta.get(ANNOTATED_BY_KEY)
+        return f"{_named(node)} was annotated by another quantizer" + (f" ({by})" if isinstance(by, str) else "")
+    if is_annotated(node) and _ends_quantized_pattern(node):
+        return f"{_named(node)} already ends an x86 pattern of its own"
+    if is_annotated(node):
+        return f"{_named(node)} is inside an x86 pattern but does not end it"
+    return f"{_named(node)} is float"
+
+
+def _why_fused_float(node: Node, producers: tuple[Any, ...], rule: str) -> str:
+    first = node.args[0] if node.args else None
+    if not isinstance(first, Node):
+        return f"{rule}; its input is not a graph tensor"
+    if first.target not in producers:
+        return f"{rule}; here it follows {_named(first)}"
+    if len(first.users) > 1:
+        return f"{rule}; its input {_named(first)} has other users, so they cannot be fused"
+    return f"{rule}; its input {_what_is(first)}"
+
+
+def _why_add_float(node: Node) -> str:
+    rule = "add is quantized by x86 only fused after a conv2d or linear whose only user it is (conv2d_add, linear_add)"
+    inputs = [a for a in node.args[:2] if isinstance(a, Node)]
+    fusable = [a for a in inputs if a.target in (_CONV2D, _LINEAR, aten.batch_norm.default)]
+    if len(inputs) < 2:
+        return f"{rule}; here one operand is not a tensor"
+    if not fusable:
+        return f"{rule}; neither input is a conv2d or linear"
+    producer = fusable[0]
+    if len(producer.users) > 1:
+        return f"{rule}; its input {_named(producer)} has other users, so they cannot be fused"
+    return f"{rule}; its input {_what_is(producer)}"
+
+
+def _why_two_inputs_float(node: Node) -> str:
+    op = _short(node)
+    if len(node.args) != 2 or not all(_is_float_tensor(a) for a in node.args):
+        return f"{op} is quantized by x86 only between two tensors; here an operand is a scalar or constant"
+    a, b = node.args
+    assert isinstance(a, Node) and isinstance(b, Node)
+    if node.target == aten.mul.Tensor and a.meta["val"].shape != b.meta["val"].shape:
+        return f"mul is quantized by x86 only for inputs of the same shape; here {tuple(a.meta['val'].shape)} " + (
+            f"x {tuple(b.meta['val'].shape)} (broadcast)"
+        )
+    return f"{op} was not matched by an x86 pattern here"
 
 
 class _StageAnnotator:
