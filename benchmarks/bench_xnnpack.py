@@ -55,9 +55,8 @@ def build(name: str, quick: bool) -> tuple[torch.nn.Module, tuple[torch.Tensor, 
 
 
 def quantize_ours(model: torch.nn.Module, inputs: Any, calib: Any) -> tuple[Any, float]:
-    import quantweave_xnnpack as qx
-
     import quantweave as qw
+    import quantweave_xnnpack as qx
 
     exported = torch.export.export(model, inputs).module()
     start = time.perf_counter()
@@ -112,7 +111,6 @@ def main() -> None:
     args = parser.parse_args()
 
     import quantweave_xnnpack as qx
-
     from quantweave.testing.inspect import sqnr
 
     torch.set_num_threads(2)

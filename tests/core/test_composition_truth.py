@@ -3,11 +3,11 @@ and it agrees with what the members really annotate on the probes."""
 
 import pytest
 import torch
-from quantweave_contrib_template import TemplateQuantizer
 
 import quantweave as qw
 from quantweave.plugin_api import Capability, Mode, TensorQuant
 from quantweave.testing.conformance import check_composition
+from quantweave_contrib_template import TemplateQuantizer
 
 aten = torch.ops.aten
 ACT = TensorQuant("uint8", 0, 255)

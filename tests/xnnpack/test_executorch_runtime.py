@@ -15,9 +15,9 @@ norm into a transposed conv in QAT): XNNPACK runs them in float; their int64
 """
 
 import pytest
-import quantweave_xnnpack as qx
 import torch
 
+import quantweave_xnnpack as qx
 from quantweave.testing.inspect import sqnr
 
 from ._cases import CONFIGS, MODELS, ours, output_step

@@ -30,11 +30,11 @@ README, "Differences from ExecuTorch"):
 """
 
 import pytest
-import quantweave_xnnpack as qx
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+import quantweave_xnnpack as qx
 from quantweave.testing import models
 from quantweave.testing.inspect import qdq_summary
 

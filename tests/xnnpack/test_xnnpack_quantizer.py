@@ -10,16 +10,16 @@ import subprocess
 import sys
 
 import pytest
-import quantweave_xnnpack as qx
 import torch
 import torch.nn.functional as F
-from quantweave_xnnpack import plugin
-from quantweave_xnnpack._capabilities import declared_capabilities
 from torch import nn
 
 import quantweave as qw
+import quantweave_xnnpack as qx
 from quantweave.plugin_api import ANNOTATION_KEY, SKIP_REASON_KEY, QuantizerInfo
 from quantweave.testing.conformance import capability_cases, check_capability, check_conformance
+from quantweave_xnnpack import plugin
+from quantweave_xnnpack._capabilities import declared_capabilities
 from tests.helpers import export
 
 aten = torch.ops.aten

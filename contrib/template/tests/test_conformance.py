@@ -1,9 +1,9 @@
 """The template passes quantweave's conformance kit: it does exactly what it declares."""
 
 import pytest
-from quantweave_contrib_template import plugin
 
 from quantweave.testing.conformance import assert_plugin_conforms, capability_cases, check_capability
+from quantweave_contrib_template import plugin
 
 (INFO,) = plugin.quantweave_quantizers()
 

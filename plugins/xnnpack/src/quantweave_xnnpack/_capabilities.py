@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quantweave.plugin_api import Capability, Mode, TensorQuant
+from quantweave.plugin_api import FLOAT, Capability, Mode, Quant, TensorQuant
 
 __all__ = ["DYNAMIC_PATTERNS", "QAT_ONLY_PATTERNS", "STATIC_PATTERNS", "declared_capabilities"]
 
@@ -45,6 +45,24 @@ DYNAMIC_PATTERNS = ("conv2d", "conv_transpose2d", "linear")
 #: alone and the batch norm stays float.
 QAT_ONLY_PATTERNS = ("conv2d_bn", "conv2d_bn_relu", "conv2d_bn_hardtanh", "conv2d_bn_relu6")
 _WEIGHTED = ("conv", "linear")
+#: ops that take their input's qparams: cat and adaptive_avg_pool2d as patterns of their own,
+#: the rest only where a producer's output is quantized (by any quantizer)
+_SHARES_INPUT = ("cat", "adaptive_avg_pool2d")
+_PROPAGATED = (
+    "max_pool2d",
+    "mean",
+    "permute",
+    "transpose",
+    "view",
+    "reshape",
+    "squeeze",
+    "slice",
+    "flatten",
+    "dropout",
+)
+#: hardtanh / relu6 after a conv (or its batch norm) share the conv's quantized output: two
+#: quantized steps, not one fused unit
+_SPLIT = ("conv2d_hardtanh", "conv2d_relu6", "conv2d_bn_hardtanh", "conv2d_bn_relu6")
 
 
 def declared_capabilities(
@@ -59,11 +77,18 @@ def declared_capabilities(
     """What an ``XNNPACKQuantizer`` whose global config is
     ``get_symmetric_quantization_config(...)`` with these arguments annotates
     (conformance-tested): int8 per-tensor affine activations, int8 symmetric weights
-    (per-tensor, or per-channel with ``is_per_channel``)."""
+    (per-tensor, or per-channel with ``is_per_channel``: output channels, axis 0 for conv
+    and linear, axis 1 for conv_transpose), float bias; static and QAT outputs get their own
+    qparams, dynamic outputs stay float. Dynamic conv applies only to 4-D, non-depthwise
+    weights (a note on the capability; the kit probes a 4-D conv)."""
     act = TensorQuant("int8", act_qmin, act_qmax, "per_tensor", symmetric=False)
-    weight = TensorQuant(
-        "int8", weight_qmin, weight_qmax, "per_channel" if is_per_channel else "per_tensor", symmetric=True
-    )
+
+    def weight(pattern: str) -> TensorQuant:
+        if not is_per_channel:
+            return TensorQuant("int8", weight_qmin, weight_qmax, "per_tensor", symmetric=True)
+        axis = 1 if pattern.startswith("conv_transpose") else 0
+        return TensorQuant("int8", weight_qmin, weight_qmax, "per_channel", symmetric=True, ch_axis=axis)
+
     patterns: tuple[str, ...]
     if is_dynamic:
         mode = Mode.DYNAMIC
@@ -74,6 +99,25 @@ def declared_capabilities(
     else:
         mode = Mode.STATIC
         patterns = STATIC_PATTERNS
-    return tuple(
-        Capability(p, mode, act, weight if p.startswith(_WEIGHTED) else None, quantizer="xnnpack") for p in patterns
-    )
+
+    def capability(pattern: str) -> Capability:
+        weighted = pattern.startswith(_WEIGHTED)
+        if pattern in _SHARES_INPUT or pattern in _PROPAGATED:
+            output = Quant.shared(0)
+        else:
+            output = FLOAT if mode is Mode.DYNAMIC else Quant.quantized(act)
+        multi_op = "_relu" in pattern or "_bn" in pattern or pattern in _SPLIT
+        return Capability(
+            pattern,
+            mode,
+            act,
+            weight(pattern) if weighted else None,
+            quantizer="xnnpack",
+            output=output,
+            bias=FLOAT if weighted else None,
+            fused=(pattern not in _SPLIT) if multi_op else None,
+            input_from="any" if pattern in _PROPAGATED else None,
+            notes="dynamic: 4-D non-depthwise weights only" if mode is Mode.DYNAMIC and pattern != "linear" else "",
+        )
+
+    return tuple(capability(p) for p in patterns)
