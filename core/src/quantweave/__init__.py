@@ -30,6 +30,7 @@ from .annotation import (
     mark_annotated,
     set_skip_reason,
 )
+from .calibrate import CalibrationResult, calibrate
 from .capabilities import FLOAT, Capability, Mode, Quant, TensorQuant
 from .compose import ComposableQuantizer
 from .convert import convert_pt2e, dequantize_ops, quantize_ops
@@ -40,6 +41,7 @@ from .errors import (
     ObserverNotCalibratedError,
     PluginError,
     PluginWarning,
+    SerializationError,
     SharingError,
     UnknownQuantizerError,
 )
@@ -47,6 +49,7 @@ from .plugin_api import QuantizerInfo, hookimpl
 from .prepare import prepare_pt2e, prepare_qat_pt2e
 from .quantizer import Quantizer
 from .report import annotation_report
+from .serialize import load, save
 from .training import move_exported_model_to_eval, move_exported_model_to_train
 
 if TYPE_CHECKING:
@@ -113,4 +116,9 @@ __all__ = [
     "move_exported_model_to_train",
     "prepare_pt2e",
     "prepare_qat_pt2e",
+    "CalibrationResult",
+    "SerializationError",
+    "calibrate",
+    "load",
+    "save",
 ]

@@ -11,6 +11,7 @@ __all__ = [
     "PluginError",
     "PluginWarning",
     "UnknownQuantizerError",
+    "SerializationError",
 ]
 
 
@@ -47,3 +48,8 @@ class PluginWarning(UserWarning):
 
 class UnknownQuantizerError(LookupError):
     """No installed quantizer has that name (the message lists the available ones)."""
+
+
+class SerializationError(ValueError):
+    """``quantweave.save`` was given a model it cannot save: a prepared model that was not
+    converted (the message names its first observer), or not a GraphModule."""

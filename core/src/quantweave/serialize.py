@@ -1,0 +1,94 @@
+"""Save and load a converted model in one call.
+
+A ``convert_pt2e`` result is a ``torch.fx.GraphModule`` produced from ``torch.export``'s
+module: ``torch.export.save`` wants an ``ExportedProgram`` and ``torch.save`` cannot pickle
+it. :func:`save` re-exports it (``torch.export.export(converted, example_inputs)``) and
+writes the standard ``.pt2`` archive of ``torch.export.save``; :func:`load` reads it back
+(``torch.export.load(path).module()``). The folded int8 weights stay int8 in the file (a
+converted model's file is about a quarter of the float one's), and the loaded model's
+outputs are bit-identical to the saved model's on the same inputs.
+
+The file is an ordinary ``torch.export`` program: ``torch.export.load(path)`` returns the
+``ExportedProgram`` too (``quantweave.json`` in its extra files records the quantweave
+version that saved it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.fx import GraphModule
+
+from .errors import SerializationError
+from .observers import is_observer_module
+
+__all__ = ["load", "save"]
+
+_META = "quantweave.json"
+
+
+def _check_converted(model: GraphModule) -> None:
+    for node in model.graph.nodes:
+        if node.op != "call_module":
+            continue
+        try:
+            module = model.get_submodule(str(node.target))
+        except AttributeError:
+            continue
+        if is_observer_module(module):
+            kind = type(module).__name__
+            raise SerializationError(
+                f"quantweave.save: the model still has observers (node {node.name!r}, a {kind}): it is prepared, "
+                "not converted. Calibrate it, then save quantweave.convert_pt2e(prepared)."
+            )
+
+
+def save(
+    model: GraphModule | torch.export.ExportedProgram,
+    example_inputs: Sequence[Any] | torch.Tensor,
+    path: str | os.PathLike[str],
+    *,
+    dynamic_shapes: dict[str, Any] | tuple[Any, ...] | list[Any] | None = None,
+) -> Path:
+    """Save a converted model (``quantweave.convert_pt2e``'s result) to ``path`` (``.pt2``).
+
+    ``example_inputs``: inputs of the shapes the model was exported with (a tensor or a
+    tuple), used to re-export it; ``dynamic_shapes`` is passed to ``torch.export.export``.
+    An ``ExportedProgram`` is saved as is. Returns the path.
+
+    Raises :class:`~quantweave.SerializationError` for a prepared model that was not
+    converted (it names the first observer) and for anything that is not a GraphModule
+    or an ExportedProgram.
+    """
+    from . import __version__
+
+    if isinstance(model, torch.export.ExportedProgram):
+        program = model
+    elif isinstance(model, GraphModule):
+        _check_converted(model)
+        args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+        program = torch.export.export(model, args, dynamic_shapes=dynamic_shapes)
+    else:
+        raise SerializationError(
+            "quantweave.save expects the GraphModule returned by quantweave.convert_pt2e (or an ExportedProgram); "
+            f"got {type(model).__name__}"
+        )
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    meta = json.dumps({"quantweave": __version__, "format": "torch.export"})
+    torch.export.save(program, target, extra_files={_META: meta})
+    return target
+
+
+def load(path: str | os.PathLike[str]) -> GraphModule:
+    """Load a model written by :func:`save` (or any ``torch.export.save`` file) as a
+    runnable ``GraphModule``, ready to call or to lower (``quantweave_x86.lower``)."""
+    module = torch.export.load(Path(path)).module()
+    if not isinstance(module, GraphModule):  # pragma: no cover - torch.export returns a GraphModule
+        raise SerializationError(f"quantweave.load: {path} did not load as a GraphModule")
+    return module
