@@ -309,3 +309,37 @@ def test_histogram_observer_hooks_route_torch_search_through_search_min_max():
     )
     error = hooks.quantization_error(10, hooks.bins - 10)
     assert isinstance(error, float) and error == plain._compute_quantization_error(10, plain.bins - 10)
+
+
+# -- 6. rebin_histogram --------------------------------------------------------------------------------
+
+
+def test_histogram_observer_private_combine_exists():
+    method = getattr(torch_observer.HistogramObserver, "_combine_histograms", None)
+    assert callable(method), changed("HistogramObserver._combine_histograms", "rebin_histogram()", "it is gone")
+    params = list(inspect.signature(method).parameters)
+    expected = ["self", "orig_hist", "orig_min", "orig_max", "update_hist", "update_min", "update_max"]
+    assert params == expected, changed(
+        "HistogramObserver._combine_histograms", "rebin_histogram()", f"parameters are now {params}"
+    )
+
+
+def test_rebin_histogram_is_what_the_observer_does_when_a_batch_widens_its_range():
+    gen = torch.Generator().manual_seed(2)
+    first, wider = torch.randn(2000, generator=gen), torch.randn(2000, generator=gen) * 3
+    observer = torch_observer.HistogramObserver(bins=256)
+    observer(first)
+    histogram, lo, hi = observer.histogram.clone(), observer.min_val.clone(), observer.max_val.clone()
+    observer(wider)  # widens the range: the observer re-bins `histogram` onto it, then adds the batch
+    new_lo, new_hi = observer.min_val, observer.max_val
+    assert new_lo < lo and new_hi > hi
+    rebinned = torch_compat.rebin_histogram(observer, histogram, lo, hi, new_lo, new_hi)
+    batch = torch.histc(wider, 256, min=float(new_lo), max=float(new_hi))
+    assert torch.equal(batch + rebinned, observer.histogram), changed(
+        "HistogramObserver._combine_histograms", "rebin_histogram()", "it no longer re-bins as forward does"
+    )
+    assert float(rebinned.sum()) == float(histogram.sum()) == 2000.0  # mass is kept
+    same = torch_compat.rebin_histogram(observer, histogram, lo, hi, lo, hi)
+    assert torch.equal(same, histogram)  # the same range: unchanged
+    point = torch_compat.rebin_histogram(observer, torch.full((256,), 0.5), lo, lo, new_lo, new_hi)
+    assert float(point.sum()) == 128.0 and int((point > 0).sum()) == 1  # a one-value range: one bin

@@ -12,6 +12,7 @@ __all__ = [
     "PluginWarning",
     "UnknownQuantizerError",
     "SerializationError",
+    "DistributedSyncError",
 ]
 
 
@@ -53,3 +54,10 @@ class UnknownQuantizerError(LookupError):
 class SerializationError(ValueError):
     """``quantweave.save`` was given a model it cannot save: a prepared model that was not
     converted (the message names its first observer), or not a GraphModule."""
+
+
+class DistributedSyncError(RuntimeError):
+    """``quantweave.distributed`` could not synchronize observers across the process group:
+    a rank failed or did not arrive in time, the ranks' observers differ, or an observer type
+    cannot be merged (the message names the observers and ranks). Raised on every rank that
+    takes part; observers are left as they were."""

@@ -21,6 +21,9 @@ the torch API and this module, on a torch that changed it:
    min/max search (``_non_linear_param_search``) and error function
    (``_compute_quantization_error``) exposed under our names, for the faster search of
    :class:`quantweave.observers.HistogramObserver`.
+6. :func:`rebin_histogram` -- ``HistogramObserver._combine_histograms`` (private): maps a
+   histogram onto a wider range exactly as the observer does when a batch widens its range,
+   for merging the histograms of several processes (:mod:`quantweave.distributed`).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ __all__ = [
     "empty_graph_like",
     "lazy_graph_module",
     "quantized_decomposed_ops",
+    "rebin_histogram",
     "with_observer_kwargs",
 ]
 
@@ -146,3 +150,24 @@ class HistogramObserverHooks(HistogramObserver):
     def quantization_error(self, start_bin: int, end_bin: int) -> float:
         """The L2 quantization error of keeping only bins ``start_bin..end_bin``."""
         return float(self._compute_quantization_error(start_bin, end_bin))
+
+
+# -- 6. HistogramObserver's private re-binning --------------------------------------------------
+
+
+def rebin_histogram(
+    observer: HistogramObserver,
+    histogram: torch.Tensor,
+    min_val: torch.Tensor,
+    max_val: torch.Tensor,
+    new_min: torch.Tensor,
+    new_max: torch.Tensor,
+) -> torch.Tensor:
+    """``histogram`` over ``[min_val, max_val]`` mapped onto ``observer.bins`` bins over the
+    wider ``[new_min, new_max]``, the way ``observer`` re-bins its own histogram when a batch
+    widens its range (torch's ``_combine_histograms`` with an empty update: unchanged when the
+    range is the same, all mass into one bin when ``min_val == max_val``, otherwise each bin
+    split into ``upsample_rate`` parts assigned by their mid-points). Mass is preserved."""
+    empty = torch.zeros(observer.bins, dtype=histogram.dtype, device=histogram.device)
+    combined: torch.Tensor = observer._combine_histograms(histogram, min_val, max_val, empty, new_min, new_max)
+    return combined
