@@ -22,14 +22,15 @@ from ._modules.bn_fold import fold_batch_norm
 from ._modules.graph import (
     check_graph_module,
     copy_graph_module,
+    get_attr_value,
     iter_input_nodes,
     rebuild,
     remap_annotations,
     set_attr_value,
 )
 from ._modules.qat_conv_bn import simulate_conv_bn
-from ._modules.sharing import build_observers, collect_specs
-from .annotation import ANNOTATION_KEY, EdgeOrNode, QuantizationAnnotation
+from ._modules.sharing import build_observers, collect_specs, describe
+from .annotation import ANNOTATED_BY_KEY, ANNOTATION_KEY, EdgeOrNode, QuantizationAnnotation
 from .errors import AnnotationError
 
 if TYPE_CHECKING:
@@ -88,6 +89,7 @@ def _prepare(model: GraphModule, quantizer: Quantizer, is_qat: bool) -> GraphMod
     if is_qat:
         simulate_conv_bn(gm)
     specs = collect_specs(gm.graph)
+    _check_observed_tensors(gm, specs, quantizer)
     observers = build_observers(specs, is_qat=is_qat)
     quantizer.prepare_obs_or_fq_callback(gm, observers)
     _insert_observers(gm, observers)
@@ -101,6 +103,43 @@ def _own_tensors(gm: GraphModule) -> None:
             set_attr_value(gm, name, torch.nn.Parameter(param.detach().clone(), requires_grad=param.requires_grad))
         for name, buffer in list(gm.named_buffers()):
             set_attr_value(gm, name, buffer.detach().clone())
+
+
+#: what quantize_per_tensor / quantize_per_channel accept (float16 and bfloat16 are widened)
+_QUANTIZABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _check_observed_tensors(gm: GraphModule, specs: dict[EdgeOrNode, Any], quantizer: Quantizer) -> None:
+    """A spec must sit on a float32 / bfloat16 / float16 tensor: anything else (a symbolic
+    size, a list, an int or float64 tensor) would fail at calibration or at run time, far
+    from the annotation. Raises AnnotationError naming the edge and the quantizer."""
+    for key in specs:
+        source = key[0] if isinstance(key, tuple) else key
+        val = source.meta.get("val")
+        if val is None and source.op == "get_attr":
+            try:
+                val = get_attr_value(gm, str(source.target))
+            except AttributeError:
+                val = None
+        if val is None and "val" not in source.meta and source.op != "get_attr":
+            continue  # made by a transform that recorded no value: nothing to check against
+        if isinstance(val, torch.Tensor) and val.dtype in _QUANTIZABLE_DTYPES:
+            continue
+        what = f"a {val.dtype} tensor" if isinstance(val, torch.Tensor) else f"{type(val).__name__}, not a tensor"
+        by = _label(key, quantizer)
+        raise AnnotationError(
+            f"{describe(key)}: quantizer {by!r} put a quantization spec on {source.name!r}, which is {what}; "
+            "only float32, bfloat16 and float16 tensors can be quantized"
+        )
+
+
+def _label(key: EdgeOrNode, quantizer: Quantizer) -> str:
+    node = key[1] if isinstance(key, tuple) else key
+    by = node.meta.get(ANNOTATED_BY_KEY)
+    if isinstance(by, str):
+        return by
+    name = getattr(quantizer, "name", None)
+    return name if isinstance(name, str) and name else type(quantizer).__name__
 
 
 def _is_tensor_output(node: Node) -> bool:
