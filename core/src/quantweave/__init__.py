@@ -45,6 +45,8 @@ from .errors import (
     SharingError,
     UnknownQuantizerError,
 )
+from .fallback import FallbackResult, LeaveFloat, fallback
+from .numerics import NumericsReport, compare
 from .plugin_api import QuantizerInfo, hookimpl
 from .prepare import prepare_pt2e, prepare_qat_pt2e
 from .quantizer import Quantizer
@@ -76,6 +78,11 @@ __all__ = [
     "AnnotationError",
     "ComposableQuantizer",
     "annotation_report",
+    "compare",
+    "fallback",
+    "FallbackResult",
+    "LeaveFloat",
+    "NumericsReport",
     "Capability",
     "FLOAT",
     "Mode",
