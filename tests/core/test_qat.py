@@ -268,3 +268,87 @@ def test_moving_a_prepared_model_to_eval_and_back():
 def test_mode_helpers_reject_what_is_not_an_exported_module():
     with pytest.raises(TypeError, match=r"move_exported_model_to_eval expects a torch.fx.GraphModule.*got Linear"):
         qw.move_exported_model_to_eval(nn.Linear(2, 2))
+
+
+WEIGHT_AXIS1 = qw.QuantizationSpec(
+    dtype=torch.int8,
+    quant_min=-127,
+    quant_max=127,
+    qscheme=torch.per_channel_symmetric,
+    ch_axis=1,
+    observer_or_fake_quant_ctr=FakeQuantize.with_args(
+        observer=MovingAveragePerChannelMinMaxObserver.with_args(averaging_constant=1, ch_axis=1)
+    ),
+)
+
+
+class ConvTransposeBnQATQuantizer(qw.Quantizer):
+    """conv_transpose2d input and weight (per output channel: weight axis 1) and the output
+    of the relu after its batch norm."""
+
+    def annotate(self, model):
+        for conv in model.graph.nodes:
+            if conv.target is not aten.conv_transpose2d.input:
+                continue
+            conv.meta["quantization_annotation"] = qw.QuantizationAnnotation(
+                input_qspec_map={conv.args[0]: ACT, conv.args[1]: WEIGHT_AXIS1}
+            )
+            (bn,) = conv.users
+            (relu,) = bn.users
+            relu.meta["quantization_annotation"] = qw.QuantizationAnnotation(output_qspec=ACT)
+            qw.mark_annotated([conv, bn, relu])
+        return model
+
+
+class ConvTransposeBnReLU(nn.Module):
+    def __init__(self, groups: int = 1) -> None:
+        super().__init__()
+        self.conv = nn.ConvTranspose2d(4, 8, 3, stride=2, groups=groups)
+        self.bn = nn.BatchNorm2d(8, momentum=1.0)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)))
+
+
+def test_conv_transpose_batch_norm_is_simulated_on_weight_axis_1_and_folded_at_convert():
+    torch.manual_seed(0)
+    model = ConvTransposeBnReLU()
+    x0 = torch.randn(4, 4, 6, 6)
+    exported = torch.export.export(model.train(), (x0,)).module()
+    prepared = qw.prepare_qat_pt2e(exported, ConvTransposeBnQATQuantizer())
+    assert any(n.target is aten.batch_norm.default for n in prepared.graph.nodes), "batch norm keeps training"
+    fake_quant(prepared, False)
+    reference = ConvTransposeBnReLU()
+    reference.load_state_dict(model.state_dict())
+    data = [torch.randn(4, 4, 6, 6, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    for x in data:
+        torch.testing.assert_close(prepared(x), reference.train()(x), rtol=1e-5, atol=1e-5)
+    fake_quant(prepared, True)
+    for x in data:
+        prepared(x)
+    converted = qw.convert_pt2e(prepared)
+    assert not any(n.target is aten.batch_norm.default for n in converted.graph.nodes)
+    # the converted model computes what the trained simulation computes with its qparams frozen
+    qw.move_exported_model_to_eval(prepared)
+    for module in prepared.modules():
+        if isinstance(module, FakeQuantizeBase):
+            module.disable_observer()
+    state = {k: v for k, v in prepared.state_dict().items() if k.split(".")[0] in ("conv", "bn")}
+    reference.load_state_dict(state)
+    with torch.no_grad():
+        torch.testing.assert_close(converted(x0), prepared(x0), rtol=1e-5, atol=1e-5)
+        # and stays close to the float model on data within the calibrated output range
+        assert sqnr(reference.eval()(data[-1]), converted(data[-1])) > 30
+
+
+def test_a_grouped_conv_transpose_is_left_with_its_batch_norm():
+    torch.manual_seed(0)
+    exported = torch.export.export(ConvTransposeBnReLU(groups=2).train(), (torch.randn(4, 4, 6, 6),)).module()
+    prepared = qw.prepare_qat_pt2e(exported, ConvTransposeBnQATQuantizer())
+    conv = next(n for n in prepared.graph.nodes if n.target is aten.conv_transpose2d.input)
+    assert conv.args[1].op == "call_module", "the weight goes straight to its fake-quantizer: no simulated fold"
+    for i in range(2):
+        prepared(torch.randn(4, 4, 6, 6, generator=torch.Generator().manual_seed(i)))
+    converted = qw.convert_pt2e(prepared)
+    assert any(n.target is aten.batch_norm.default for n in converted.graph.nodes), "left unfolded, still runs"
+    assert converted(torch.randn(4, 4, 6, 6)).isfinite().all()

@@ -39,6 +39,9 @@ aten = torch.ops.aten
 QAT_CONV_BN_KEY = "quantweave_qat_conv_bn"
 
 _CONVS = (aten.conv1d.default, aten.conv2d.default, aten.conv3d.default)
+#: transposed convs carry output channels on weight axis 1; rewritten when groups == 1
+_CONV_TRANSPOSES = (aten.conv_transpose1d.default, aten.conv_transpose2d.input, aten.conv_transpose3d.input)
+_TRANSPOSE_GROUPS_ARG = 6  # conv_transposeNd(input, weight, bias, stride, padding, output_padding, groups, dilation)
 _BN = (aten.batch_norm.default,)
 
 
@@ -75,13 +78,18 @@ def simulate_conv_bn(gm: GraphModule) -> int:
 
     A pair is rewritten when the conv's weight edge has a spec, the conv has no output
     spec of its own, its only user is the batch norm, and weight and batch-norm statistics
-    are parameters/buffers. Returns how many pairs were rewritten.
+    are parameters/buffers. A transposed conv (weight ``(in, out, *kernel)``) is rewritten
+    with its scale on weight axis 1, when it has one group. Returns how many pairs were
+    rewritten.
     """
     graph = gm.graph
     edge_map: dict[tuple[Node, Node], Node] = {}
     rewritten = 0
     for conv in list(graph.nodes):
-        if conv.op != "call_function" or conv.target not in _CONVS or len(conv.users) != 1:
+        if conv.op != "call_function" or conv.target not in _CONVS + _CONV_TRANSPOSES or len(conv.users) != 1:
+            continue
+        transpose = conv.target in _CONV_TRANSPOSES
+        if transpose and _transpose_groups(conv) != 1:
             continue
         annotation = conv.meta.get(ANNOTATION_KEY)
         weight = conv.args[1]
@@ -95,7 +103,7 @@ def simulate_conv_bn(gm: GraphModule) -> int:
             continue
         bias = conv.args[2] if len(conv.args) > 2 else None
         try:
-            record = {
+            record: dict[str, str | bool | None] = {
                 "weight": _param_target(weight),
                 "bias": _param_target(bias),
                 "bn_weight": _param_target(call.weight),
@@ -117,7 +125,9 @@ def simulate_conv_bn(gm: GraphModule) -> int:
                 scale = _call(gm, aten.div.Tensor, (bn_weight, std), conv)
             else:
                 scale = _call(gm, aten.reciprocal.default, (std,), conv)
-            weight_scale = _call(gm, aten.reshape.default, (scale, [-1] + [1] * (rank - 1)), conv)
+            # the scale runs along the weight's output-channel axis: 0 for conv, 1 for conv_transpose
+            per_channel = [1, -1] + [1] * (rank - 2) if transpose else [-1] + [1] * (rank - 1)
+            weight_scale = _call(gm, aten.reshape.default, (scale, per_channel), conv)
             scaled_weight = _call(gm, aten.mul.Tensor, (weight, weight_scale), conv)
             zero_bias = None
             if bias is not None and annotation.input_qspec_map.get(bias) is not None:
@@ -138,6 +148,7 @@ def simulate_conv_bn(gm: GraphModule) -> int:
         if bias is not None and zero_bias is not None:
             edge_map[(bias, conv)] = zero_bias
         record.update(bn=bn.name, scaled_weight=scaled_weight.name, zero_bias=getattr(zero_bias, "name", None))
+        record["transpose"] = transpose
         conv.meta[QAT_CONV_BN_KEY] = record
         rewritten += 1
     if rewritten:
@@ -191,6 +202,7 @@ def fold_simulated_conv_bn(gm: GraphModule) -> int:
                 call.eps,
                 torch.ones_like(running_mean) if bn_weight is None else bn_weight.detach(),
                 torch.zeros_like(running_mean) if bn_bias is None else bn_bias.detach(),
+                transpose=bool(record.get("transpose", False)),
             )
         w_name = new_attr_name(gm, "_qat_folded_weight_")
         gm.register_parameter(w_name, torch.nn.Parameter(new_weight.detach().clone(), requires_grad=False))
@@ -219,6 +231,13 @@ def fold_simulated_conv_bn(gm: GraphModule) -> int:
         del conv.meta[QAT_CONV_BN_KEY]
         folded += 1
     return folded
+
+
+def _transpose_groups(conv: Node) -> int:
+    groups = (
+        conv.args[_TRANSPOSE_GROUPS_ARG] if len(conv.args) > _TRANSPOSE_GROUPS_ARG else conv.kwargs.get("groups", 1)
+    )
+    return groups if isinstance(groups, int) else -1
 
 
 def _drop_batch_counter(gm: GraphModule, get_attrs: dict[str, Node], running_mean: str) -> None:
