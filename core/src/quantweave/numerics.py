@@ -246,6 +246,27 @@ def _float_counterpart(name: str, float_nodes: Mapping[str, Node], quantized_nam
     return node
 
 
+def _shape(node: Node) -> tuple[str, ...] | None:
+    val = node.meta.get("val")
+    return tuple(str(d) for d in val.shape) if isinstance(val, torch.Tensor) else None
+
+
+def _mismatch(float_node: Node, node: Node) -> str | None:
+    """Why two nodes of the same name are not the same node (another model, another
+    export), or None: they must call the same op, from the same module, with the same
+    output shape."""
+    if float_node.target != node.target:
+        return f"the float model's {node.name!r} calls {float_node.target}, this node {node.target}"
+    if _module_path(float_node) != _module_path(node):
+        return (
+            f"the float model's {node.name!r} comes from module {_module_path(float_node)!r}, "
+            f"this node from {_module_path(node)!r}"
+        )
+    if _shape(float_node) != _shape(node):
+        return f"the float model's {node.name!r} has output shape {_shape(float_node)}, this node {_shape(node)}"
+    return None
+
+
 def _module_path(node: Node) -> str:
     stack = node.meta.get("nn_module_stack")
     if not isinstance(stack, dict) or not stack:
@@ -306,10 +327,9 @@ def compare(
         if float_node is None:
             unmatched.append((node.name, "no node of this name in the float model (not derived from it?)"))
             continue
-        if float_node.target != node.target:
-            unmatched.append(
-                (node.name, f"the float model's {node.name!r} calls {float_node.target}, this node {node.target}")
-            )
+        mismatch = _mismatch(float_node, node)
+        if mismatch is not None:
+            unmatched.append((node.name, mismatch))
             continue
         plan.append((node, _float_counterpart(node.name, float_nodes, quantized_names), dq_inputs, output_dq))
 
