@@ -24,9 +24,8 @@ README, "Differences from ExecuTorch"):
 6. cat respects the filter function (the peer annotates every cat);
 7. QAT per-channel conv_transpose weights are quantized along their output channels
    (axis 1); the peer's fused fake-quantizer drops the axis and uses axis 0;
-8. conv_transpose + batch norm in QAT (a quantweave gap, not a choice): the core cannot
-   fold a batch norm into a transposed conv, so the transposed conv is quantized alone and
-   the batch norm stays float.
+8. (no longer a difference) conv_transpose + batch norm in QAT is simulated and folded, as
+   the peer does; our transposed weight keeps axis 1 (difference 7).
 """
 
 import pytest
@@ -168,7 +167,7 @@ def test_difference_7_qat_per_channel_conv_transpose_axis():
     assert _weight_axes(converted, aten.conv2d.default) == _weight_axes(peer_converted, aten.conv2d.default) == {0}
 
 
-def test_difference_8_qat_conv_transpose_batch_norm_stays_float():
+def test_qat_conv_transpose_batch_norm_is_folded_as_the_peer_folds_it():
     config = CONFIGS["qat"]
     _, converted = run_flow(models.conv_transpose_decoder(), config, ours_quantizer(**config))
     _, peer_converted = peer_flow(models.conv_transpose_decoder(), config, peer_quantizer(**config))
@@ -176,7 +175,7 @@ def test_difference_8_qat_conv_transpose_batch_norm_stays_float():
     def batch_norms(gm):
         return sum(n.target == aten.batch_norm.default for n in gm.graph.nodes)
 
-    assert batch_norms(converted) == 2 and batch_norms(peer_converted) == 0
+    assert batch_norms(converted) == 0 and batch_norms(peer_converted) == 0
     assert _weight_axes(converted, aten.conv_transpose2d.input) == {1}
 
 

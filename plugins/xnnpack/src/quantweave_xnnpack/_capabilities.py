@@ -39,11 +39,17 @@ STATIC_PATTERNS = (
 )
 #: Patterns a dynamic config annotates (conv only with a 4-D, non-depthwise weight).
 DYNAMIC_PATTERNS = ("conv2d", "conv_transpose2d", "linear")
-#: conv + batch norm (+ relu): annotated first by a QAT config (an activation after the batch
-#: norm shares its qparams). conv_transpose + batch norm is not a pattern: quantweave's QAT
-#: does not fold a batch norm into a transposed conv, so the transposed conv is quantized
-#: alone and the batch norm stays float.
-QAT_ONLY_PATTERNS = ("conv2d_bn", "conv2d_bn_relu", "conv2d_bn_hardtanh", "conv2d_bn_relu6")
+#: conv / conv_transpose + batch norm (+ relu): annotated first by a QAT config (an activation
+#: after the batch norm shares its qparams); prepare_qat_pt2e simulates the fold and
+#: convert_pt2e folds the batch norm (a transposed conv with one group).
+QAT_ONLY_PATTERNS = (
+    "conv2d_bn",
+    "conv2d_bn_relu",
+    "conv2d_bn_hardtanh",
+    "conv2d_bn_relu6",
+    "conv_transpose2d_bn",
+    "conv_transpose2d_bn_relu",
+)
 _WEIGHTED = ("conv", "linear")
 #: ops that take their input's qparams: cat and adaptive_avg_pool2d as patterns of their own,
 #: the rest only where a producer's output is quantized (by any quantizer)

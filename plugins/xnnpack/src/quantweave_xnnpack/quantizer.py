@@ -6,11 +6,12 @@ partitioner lowers the result):
 - int8 activations (per-tensor affine, ``[act_qmin, act_qmax]``, default [-128, 127]),
   int8 symmetric weights (per-tensor, or per-channel with ``is_per_channel``; default
   [-127, 127], 4-bit with ``weight_qmin=-8, weight_qmax=7``), float bias;
-- patterns, in this order (the first to claim a node wins): conv + batch norm (+ relu)
-  [QAT configs], linear + relu, linear, conv, conv_transpose, conv + relu,
+- patterns, in this order (the first to claim a node wins): conv + batch norm (+ relu),
+  conv_transpose + batch norm (+ relu) [QAT configs], linear + relu, linear, conv,
+  conv_transpose, conv + relu,
   conv_transpose + relu, adaptive_avg_pool2d, add + relu, add, mul + relu, mul, cat.
   A dynamic config applies only linear, conv (4-D, non-depthwise weight) and
-  conv_transpose (plus conv + batch norm when it is also QAT);
+  conv_transpose (plus conv / conv_transpose + batch norm when it is also QAT);
 - a conv whose only user is relu is left to conv + relu; conv_transpose only with
   ``groups == 1``, its weight per-channel along axis 1 (its output channels);
 - add / mul: scalar operands become buffers first (:meth:`XNNPACKQuantizer.transform_for_annotation`);
@@ -293,10 +294,12 @@ class _Patterns:
         if isinstance(bias, Node):
             qw.annotate_input_qspec_map(node, bias, config.bias)
 
-    def find_conv_bn(self, with_relu: bool) -> Iterator[_Match]:
+    def find_conv_bn(self, with_relu: bool, transpose: bool = False) -> Iterator[_Match]:
         for conv in list(self.gm.graph.nodes):
-            if not _calls(conv, _CONV):
+            if not _calls(conv, _CONV_T if transpose else _CONV):
                 continue
+            if transpose and _conv_transpose_groups(conv) != 1:
+                continue  # left to conv_transpose, which records why
             bn = _only_user(conv)
             if bn is None or not _calls(bn, _BATCH_NORM) or bn.args[0] is not conv:
                 continue
@@ -306,7 +309,7 @@ class _Patterns:
             last = relu if relu is not None else bn
 
             def annotate(config: qw.QuantizationConfig, conv: Node = conv, last: Node = last) -> str | None:
-                self._weighted(conv, config, False)
+                self._weighted(conv, config, transpose)
                 qw.annotate_output_qspec(last, config.output_activation)
                 return None
 
@@ -503,8 +506,8 @@ class _Pattern:
 _PATTERNS: tuple[_Pattern, ...] = (
     _Pattern("conv_bn_relu", False, True, _CONV, lambda p: p.find_conv_bn(True)),
     _Pattern("conv_bn", False, True, _CONV, lambda p: p.find_conv_bn(False)),
-    # no conv_transpose + batch norm: quantweave's QAT cannot fold batch norm into a transposed
-    # conv, so the transposed conv is quantized alone and the batch norm stays float
+    _Pattern("conv_transpose_bn_relu", False, True, _CONV_T, lambda p: p.find_conv_bn(True, transpose=True)),
+    _Pattern("conv_transpose_bn", False, True, _CONV_T, lambda p: p.find_conv_bn(False, transpose=True)),
     _Pattern("linear_relu", False, False, _LINEAR, lambda p: p.find_linear_relu()),
     _Pattern("linear", True, False, _LINEAR, lambda p: p.find_linear()),
     _Pattern("conv", True, False, _CONV, lambda p: p.find_conv(False)),
