@@ -10,6 +10,7 @@ never arrives get a launch each (the group is broken afterwards).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -316,3 +317,40 @@ def test_histogram_qparams_unchanged_by_a_one_process_sync():
 def test_distributed_sync_error_is_a_runtime_error():
     assert issubclass(DistributedSyncError, RuntimeError)
     assert qw.errors.DistributedSyncError is DistributedSyncError
+
+
+# -- the example ----------------------------------------------------------------------------------------
+
+
+def test_the_example_calibrates_on_two_processes_under_torchrun_and_saves_on_rank_0(tmp_path):
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "examples/distributed_calibration.py",
+        "--out",
+        str(tmp_path),
+        "--batches",
+        "4",
+        "--batch-size",
+        "2",
+        "--image",
+        "32",
+        "--width",
+        "8",
+        "--quantizer",
+        "reference",  # no plugin needed
+        "--timeout",
+        "60",
+    ]
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert "ranks            2" in run.stdout and "reloads with identical outputs: True" in run.stdout
+    record = json.loads((tmp_path / "summary.json").read_text())
+    assert record["world_size"] == 2 and record["shard_batches"] == 2 and record["round_trip_identical"]
+    assert record["merged"] == {"histogram": 38, "per_channel_minmax": 21} and record["uncalibrated"] == []
+    program = torch.export.load(tmp_path / "model_int8.pt2").module()
+    assert program(torch.randn(2, 3, 32, 32)).shape == (2, 10)

@@ -101,7 +101,8 @@ class SyncSummary:
     them); ``rebinned`` the histogram observers whose ranges differed across ranks (merged
     within the documented bound rather than exactly; empty after :func:`range_pass`);
     ``averaged`` the moving-average observers (merged by the documented mean, not equal to a
-    one-process run). ``payload_bytes`` is what this rank contributed to the collectives.
+    one-process run). ``payload_bytes`` is what this rank contributed to the collectives
+    (0 without a process group).
     """
 
     world_size: int
@@ -553,7 +554,7 @@ def sync_observers(prepared: GraphModule, group: Group = None, timeout: Timeout 
         uncalibrated=tuple(e.name for e in entries if e.kind != STATIC and e.shape is None),
         rebinned=tuple(rebinned),
         averaged=tuple(averaged),
-        payload_bytes=payload + inventory_bytes,
+        payload_bytes=payload + inventory_bytes if comm.world_size > 1 else 0,
         seconds=time.perf_counter() - start,
     )
 

@@ -155,12 +155,16 @@ def prepared_resnet(histogram: bool) -> torch.fx.GraphModule:
     return qw.prepare_pt2e(exported_resnet(), make_reference_quantizer(histogram=histogram))
 
 
-def prepared_small(act: Callable[..., Any], weight: Callable[..., Any], qat: bool = False) -> torch.fx.GraphModule:
+@functools.cache
+def exported_small(qat: bool) -> torch.fx.GraphModule:
     model = small_net()
-    args = small_batches(1)[0]
+    return torch.export.export(model.train() if qat else model.eval(), small_batches(1)[0]).module()
+
+
+def prepared_small(act: Callable[..., Any], weight: Callable[..., Any], qat: bool = False) -> torch.fx.GraphModule:
     if qat:
-        return qw.prepare_qat_pt2e(torch.export.export(model.train(), args).module(), WeightedOpQuantizer(act, weight))
-    return qw.prepare_pt2e(torch.export.export(model.eval(), args).module(), WeightedOpQuantizer(act, weight))
+        return qw.prepare_qat_pt2e(exported_small(True), WeightedOpQuantizer(act, weight))
+    return qw.prepare_pt2e(exported_small(False), WeightedOpQuantizer(act, weight))
 
 
 def calibrate(prepared: torch.fx.GraphModule, batches: list[Any]) -> None:
