@@ -104,6 +104,23 @@ def _check_qscheme(kind: str, qscheme: Any, ch_axis: int | None) -> None:
         raise ValueError(f"{kind}: qscheme {qscheme} is per-channel and needs ch_axis; got None")
 
 
+def _check_group(kind: str, group_size: Any, qscheme: Any, ch_axis: int | None, is_dynamic: bool) -> None:
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
+        raise ValueError(f"{kind}: group_size must be an int >= 2 (or None); got {group_size!r}")
+    if qscheme not in (torch.per_channel_symmetric, torch.per_channel_affine):
+        raise ValueError(
+            f"{kind}: group_size={group_size} needs qscheme torch.per_channel_symmetric or torch.per_channel_affine "
+            f"(qparams per row and group); got qscheme={qscheme}"
+        )
+    if ch_axis != 0:
+        raise ValueError(
+            f"{kind}: group-wise quantization takes qparams per row of a 2-D tensor (groups run along the row), "
+            f"so ch_axis must be 0; got ch_axis={ch_axis}"
+        )
+    if is_dynamic:
+        raise ValueError(f"{kind}: group-wise quantization is static (weights); got is_dynamic=True")
+
+
 def _check_edge_or_node(kind: str, value: Any) -> None:
     if isinstance(value, Node):
         return
@@ -123,6 +140,14 @@ class QuantizationSpec(QuantizationSpecBase):
     ``observer_or_fake_quant_ctr`` is an observer (PTQ) or fake-quantize (QAT) class or
     ``.with_args(...)`` partial; the other fields are passed to it on construction.
     ``quant_min``/``quant_max`` default to the full range of ``dtype``.
+
+    ``group_size`` (quantweave's addition; None, the default, is PT2E's spec unchanged)
+    makes a per-channel spec group-wise: a 2-D tensor gets qparams per row (``ch_axis=0``)
+    and per run of ``group_size`` consecutive elements along the row, and is converted to
+    ``quantize_per_channel_group`` / ``dequantize_per_channel_group``. It needs a
+    per-channel qscheme (``per_channel_symmetric`` or ``per_channel_affine``), ``ch_axis=0``,
+    a static spec, and an observer that takes ``group_size``
+    (:class:`quantweave.observers.PerGroupMinMaxObserver`).
     """
 
     dtype: torch.dtype
@@ -132,11 +157,14 @@ class QuantizationSpec(QuantizationSpecBase):
     qscheme: torch.qscheme | None = None
     ch_axis: int | None = None
     is_dynamic: bool = False
+    group_size: int | None = None
 
     def __post_init__(self) -> None:
         kind = "QuantizationSpec"
         _check_range(kind, self.dtype, self.quant_min, self.quant_max)
         _check_qscheme(kind, self.qscheme, self.ch_axis)
+        if self.group_size is not None:
+            _check_group(kind, self.group_size, self.qscheme, self.ch_axis, self.is_dynamic)
         if not callable(self.observer_or_fake_quant_ctr):
             raise ValueError(
                 f"{kind}: observer_or_fake_quant_ctr must be callable (an observer class or "

@@ -229,7 +229,7 @@ PROBE_PRODUCERS: dict[str, str] = dict.fromkeys(
 )
 
 
-_GRANULARITIES = ("per_tensor", "per_channel", "per_channel_float_qparams")
+_GRANULARITIES = ("per_tensor", "per_channel", "per_channel_float_qparams", "per_group")
 _DTYPES = tuple(str(d).removeprefix("torch.") for d in INTEGER_DTYPES)
 
 
@@ -239,7 +239,12 @@ class TensorQuant:
     granularity, symmetry, and for per-channel granularities the channel axis.
 
     ``ch_axis=None`` on a per-channel declaration leaves the axis unstated (as plugin
-    API 1 declarations did); the conformance kit checks what is stated."""
+    API 1 declarations did); the conformance kit checks what is stated.
+
+    ``granularity="per_group"`` with ``group_size``: qparams per row (``ch_axis`` 0) and per
+    run of ``group_size`` elements along it (a ``QuantizationSpec`` with ``group_size``;
+    converted to ``quantize_per_channel_group``). ``group_size`` is stated for ``per_group``
+    only, and always."""
 
     dtype: str
     quant_min: int
@@ -247,6 +252,7 @@ class TensorQuant:
     granularity: str = "per_tensor"
     symmetric: bool = False
     ch_axis: int | None = None
+    group_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -266,6 +272,16 @@ class TensorQuant:
                 f"TensorQuant: ch_axis is an int stated for per-channel granularities only; got ch_axis="
                 f"{self.ch_axis!r} with granularity {self.granularity!r}"
             )
+        grouped = self.granularity == "per_group"
+        if grouped != (self.group_size is not None):
+            raise ValueError(
+                f"TensorQuant: group_size is stated with granularity 'per_group' and only then; got group_size="
+                f"{self.group_size!r} with granularity {self.granularity!r}"
+            )
+        if grouped and (
+            isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 2
+        ):
+            raise ValueError(f"TensorQuant: group_size must be an int >= 2; got {self.group_size!r}")
 
     def conforms(self, found: TensorQuant | None) -> bool:
         """True when ``found`` (what an annotation says) is what this declares; an unstated
@@ -275,7 +291,7 @@ class TensorQuant:
         return self == (found if self.ch_axis is not None else replace(found, ch_axis=None))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "dtype": self.dtype,
             "quant_min": self.quant_min,
             "quant_max": self.quant_max,
@@ -283,11 +299,15 @@ class TensorQuant:
             "symmetric": self.symmetric,
             "ch_axis": self.ch_axis,
         }
+        if self.group_size is not None:  # only per_group records carry the key
+            data["group_size"] = self.group_size
+        return data
 
     def __str__(self) -> str:
         kind = "sym" if self.symmetric else "affine"
         axis = "" if self.ch_axis is None else f" axis {self.ch_axis}"
-        return f"{self.dtype}[{self.quant_min},{self.quant_max}] {self.granularity}{axis} {kind}"
+        group = "" if self.group_size is None else f"({self.group_size})"
+        return f"{self.dtype}[{self.quant_min},{self.quant_max}] {self.granularity}{group}{axis} {kind}"
 
 
 def tensor_quant_from_spec(spec: Any) -> TensorQuant | None:
@@ -301,6 +321,9 @@ def tensor_quant_from_spec(spec: Any) -> TensorQuant | None:
     qscheme = getattr(spec, "qscheme", None)
     axis = getattr(spec, "ch_axis", None) if is_per_channel(qscheme) else None
     name = str(dtype).removeprefix("torch.")
+    group_size = getattr(spec, "group_size", None)
+    if group_size is not None:
+        return TensorQuant(name, int(qmin), int(qmax), "per_group", is_symmetric(qscheme), axis, int(group_size))
     return TensorQuant(name, int(qmin), int(qmax), granularity(qscheme), is_symmetric(qscheme), axis)
 
 

@@ -2,10 +2,11 @@
 
 The result is the *reference* representation that backends pattern-match:
 ``torch.ops.quantized_decomposed.quantize_per_tensor`` / ``dequantize_per_tensor`` (and the
-``per_channel`` and dynamic ``.tensor`` variants). Constant inputs (weights, biases, and any
-transform of them) are quantized here, once, so the converted model stores int8 weights
-followed by a ``dequantize`` node. Every user of a dequantized tensor gets its own
-``dequantize`` node, so each consumer can be fused independently.
+``per_channel``, group-wise ``per_channel_group`` and dynamic ``.tensor`` variants).
+Constant inputs (weights, biases, and any transform of them) are quantized here, once, so
+the converted model stores int8 weights followed by a ``dequantize`` node. Every user of a
+dequantized tensor gets its own ``dequantize`` node, so each consumer can be fused
+independently.
 
 Contract: the prepared model is not mutated; the same calibrated model can be converted
 again (e.g. with ``fold_quantize=False``).
@@ -43,13 +44,23 @@ __all__ = ["convert_pt2e", "dequantize_ops", "quantize_ops"]  # QUANTIZE_OPS/DEQ
 def quantize_ops() -> tuple[Any, ...]:
     """The quantize ops convert emits."""
     qd = quantized_decomposed_ops()
-    return (qd.quantize_per_tensor.default, qd.quantize_per_tensor.tensor, qd.quantize_per_channel.default)
+    return (
+        qd.quantize_per_tensor.default,
+        qd.quantize_per_tensor.tensor,
+        qd.quantize_per_channel.default,
+        qd.quantize_per_channel_group.default,
+    )
 
 
 def dequantize_ops() -> tuple[Any, ...]:
     """The dequantize ops convert emits."""
     qd = quantized_decomposed_ops()
-    return (qd.dequantize_per_tensor.default, qd.dequantize_per_tensor.tensor, qd.dequantize_per_channel.default)
+    return (
+        qd.dequantize_per_tensor.default,
+        qd.dequantize_per_tensor.tensor,
+        qd.dequantize_per_channel.default,
+        qd.dequantize_per_channel_group.default,
+    )
 
 
 def __getattr__(name: str) -> Any:  # QUANTIZE_OPS / DEQUANTIZE_OPS, computed on first access
@@ -214,7 +225,20 @@ def _replace_observer(
     if id(module) not in qparams_cache:
         qparams_cache[id(module)] = module.calculate_qparams()  # type: ignore[operator]
     scale_t, zero_point_t = qparams_cache[id(module)]
-    if is_per_channel(qscheme):
+    group_size = getattr(module, "group_size", None)
+    dq_extra: tuple[Any, ...] = ()
+    if group_size is not None:  # group-wise: (rows, groups) qparams, groups along the last dimension
+        scale_name = new_attr_name(gm, f"{name}_scale_")
+        zp_name = new_attr_name(gm, f"{name}_zero_point_")
+        gm.register_buffer(scale_name, torch.as_tensor(scale_t).detach().clone())
+        gm.register_buffer(zp_name, torch.as_tensor(zero_point_t).detach().clone())
+        with graph.inserting_before(node):
+            scale_node = graph.get_attr(scale_name)
+            zp_node = graph.get_attr(zp_name)
+        q_args = (scale_node, zp_node, quant_min, quant_max, dtype, int(group_size))
+        q_op, dq_op = _qd.quantize_per_channel_group.default, _qd.dequantize_per_channel_group.default
+        dq_extra = (dq_kwargs.pop("out_dtype", torch.float32),)  # output_dtype is positional here
+    elif is_per_channel(qscheme):
         axis = int(module.ch_axis)  # type: ignore[arg-type]
         scale_name = new_attr_name(gm, f"{name}_scale_")
         zp_name = new_attr_name(gm, f"{name}_zero_point_")
@@ -239,7 +263,7 @@ def _replace_observer(
             quant = graph.get_attr(q_name)
         else:
             quant = graph.call_function(q_op, (source, *q_args))
-        dequant = graph.call_function(dq_op, (quant, *q_args), dq_kwargs)
+        dequant = graph.call_function(dq_op, (quant, *q_args, *dq_extra), dq_kwargs)
     for new in (quant, dequant):
         port_meta(source, new)
     dequant.meta["val"] = val

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ._modules.group_observer import PerGroupMinMaxObserver as PerGroupMinMaxObserver
 from ._modules.torch_compat import (
     FakeQuantize,
     FakeQuantizeBase,

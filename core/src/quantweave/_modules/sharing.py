@@ -7,7 +7,7 @@ Steps (all independent of graph order):
    concrete spec is a cycle and is reported with its members;
 3. implicit sharing: an input edge joins the producer's output group and the groups of the
    producer's other consumer edges when their concrete specs agree on dtype, range, qscheme,
-   ch_axis, scale and zero point (opt out per node with ``allow_implicit_sharing=False``);
+   ch_axis, scale, zero point and group size (opt out per node with ``allow_implicit_sharing=False``);
 4. one observer per group, built from the group's first concrete spec in graph order;
    derived specs are built after the groups they derive from (cycles reported).
 """
@@ -43,6 +43,7 @@ _SHARING_ATTRS = (
     "ch_axis",
     "scale",
     "zero_point",
+    "group_size",
 )
 _MISSING = object()
 
@@ -264,5 +265,7 @@ def _make_observer(spec: QuantizationSpecBase, is_qat: bool) -> torch.nn.Module:
     }
     if is_per_channel(spec.qscheme):
         kwargs["ch_axis"] = spec.ch_axis
+    if getattr(spec, "group_size", None) is not None:  # group-wise: the observer must take group_size
+        kwargs["group_size"] = spec.group_size
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     return with_observer_kwargs(spec.observer_or_fake_quant_ctr, kwargs)()

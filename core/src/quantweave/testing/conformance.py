@@ -219,7 +219,8 @@ PROBES: dict[str, ProbeFactory] = {
     "hardtanh": lambda: (_Probe(lambda m, x: F.hardtanh(x)), (torch.randn(2, 8),)),
     "sigmoid": lambda: (_Probe(lambda m, x: torch.sigmoid(x)), (torch.randn(2, 8),)),
     "softmax": lambda: (_Probe(lambda m, x: torch.softmax(x, -1)), (torch.randn(2, 8),)),
-    "embedding": lambda: (_Probe(lambda m, t: m.emb(t), emb=nn.Embedding(10, 8)), (torch.tensor([[1, 2, 3]]),)),
+    # rows of 128 split into the groups (32, 64, 128) group-wise embedding quantizers use
+    "embedding": lambda: (_Probe(lambda m, t: m.emb(t), emb=nn.Embedding(16, 128)), (torch.tensor([[1, 2, 3]]),)),
 }
 
 
@@ -464,6 +465,7 @@ def _run_flow(
     mode: Mode,
     folds_bn: bool = False,
     fused: tuple[str, ...] = (),
+    grouped: tuple[str, TensorQuant] | None = None,
 ) -> list[str]:
     try:
         if mode is Mode.QAT:
@@ -479,6 +481,10 @@ def _run_flow(
         return [f"the quantized probe does not run end to end: {type(exc).__name__}: {exc}"]
     if folds_bn and any(_op_name(n) == "aten.batch_norm.default" for n in converted.graph.nodes):
         return ["the batch norm of the quantized conv was not folded into it by convert_pt2e"]
+    if grouped is not None:
+        problems = _check_grouped_weight(converted, *grouped)
+        if problems:
+            return problems
     by_name = {n.name: n for n in converted.graph.nodes}
     for a, b in itertools.pairwise(name for name in fused if name in by_name):
         if by_name[a] not in by_name[b].all_input_nodes:
@@ -488,6 +494,54 @@ def _run_flow(
                 "between them): the declared unit was split by quantize/dequantize"
             ]
     return []
+
+
+def _check_grouped_weight(converted: GraphModule, anchor_name: str, declared: TensorQuant) -> list[str]:
+    """A weight declared ``per_group`` is stored group-wise after ``convert_pt2e``: the anchor
+    reads it through ``dequantize_per_channel_group`` with the declared group size, range and
+    dtype, from a folded integer tensor whose values lie in the range, with one scale per row
+    and group."""
+    anchor = next((n for n in converted.graph.nodes if n.name == anchor_name), None)
+    if anchor is None:
+        return [f"grouped weight: {anchor_name!r} is not in the converted graph"]
+    weight = _weight_input(anchor)
+    where = f"weight of {anchor_name!r} after convert_pt2e"
+    if weight is None or _op_name(weight) != "quantized_decomposed.dequantize_per_channel_group.default":
+        found = "nothing" if weight is None else _op_name(weight) if weight.op == "call_function" else weight.op
+        return [f"{where}: declared {declared}, but it is not read through dequantize_per_channel_group ({found})"]
+    stored, scales, _, qmin, qmax, dtype, group_size = weight.args[:7]
+    problems = []
+    if (qmin, qmax, group_size) != (declared.quant_min, declared.quant_max, declared.group_size):
+        problems.append(
+            f"{where}: declared range [{declared.quant_min}, {declared.quant_max}] in groups of {declared.group_size}; "
+            f"dequantize_per_channel_group has [{qmin}, {qmax}] in groups of {group_size}"
+        )
+    if str(dtype).removeprefix("torch.") != declared.dtype:
+        problems.append(f"{where}: declared dtype {declared.dtype}; dequantize_per_channel_group has {dtype}")
+    if not isinstance(stored, Node) or stored.op != "get_attr" or not isinstance(scales, Node):
+        return [*problems, f"{where}: the integer values are not a folded constant"]
+    values = _attr_value(converted, str(stored.target))
+    scale_values = _attr_value(converted, str(scales.target))
+    if str(values.dtype).removeprefix("torch.") != declared.dtype:
+        problems.append(f"{where}: stored as {values.dtype}, declared {declared.dtype}")
+    elif values.numel() and not (declared.quant_min <= int(values.min()) and int(values.max()) <= declared.quant_max):
+        problems.append(
+            f"{where}: stored values span [{int(values.min())}, {int(values.max())}], outside the declared "
+            f"[{declared.quant_min}, {declared.quant_max}]"
+        )
+    rows, columns = values.shape if values.dim() == 2 else (0, 0)
+    if not columns or not isinstance(group_size, int) or scale_values.numel() != rows * (columns // group_size):
+        problems.append(
+            f"{where}: {tuple(scale_values.shape)} scales for a {tuple(values.shape)} weight in groups of {group_size}"
+        )
+    return problems
+
+
+def _attr_value(gm: GraphModule, target: str) -> torch.Tensor:
+    value: Any = gm
+    for part in target.split("."):
+        value = getattr(value, part)
+    return torch.as_tensor(value)
 
 
 def _build(info: QuantizerInfo, mode: Mode) -> Any:
@@ -538,7 +592,12 @@ def check_capability(
         folds_bn = cap.mode is Mode.QAT and "aten.batch_norm.default" in cap.ops
         occurrence = matches(annotated.graph, chain)
         fused = tuple(n.name for n in occurrence[0]) if cap.fused and occurrence else ()
-        failures += [fail(p) for p in _run_flow(quantizer, exported, inputs, cap.mode, folds_bn, fused)]
+        grouped = (
+            (occurrence[0][0].name, cap.weight)
+            if cap.weight is not None and cap.weight.granularity == "per_group" and occurrence
+            else None
+        )
+        failures += [fail(p) for p in _run_flow(quantizer, exported, inputs, cap.mode, folds_bn, fused, grouped)]
     return failures
 
 
