@@ -366,14 +366,15 @@ MAIN = {
 
 
 def failure(rank: int, mode: str) -> dict[str, Any]:
-    """Rank 1 dies (``dead``) or stays away (``late``) instead of synchronizing."""
-    prepared = prepared_small(MinMaxObserver, PerChannelMinMaxObserver)
-    calibrate(prepared, small_batches()[rank::2])
+    """Rank 1 exits as a crash during calibration would (``dead``), or stays alive but never
+    calls ``sync_observers`` (``late``); rank 0 calibrates and synchronizes."""
     if rank == 1:
         if mode == "dead":
-            os._exit(3)  # as a crash during calibration would
-        time.sleep(FAIL_TIMEOUT + 30)  # alive, but never calls sync_observers (the test ends it)
+            os._exit(3)
+        time.sleep(FAIL_TIMEOUT + 30)  # the test ends it once rank 0 is done
         os._exit(0)
+    prepared = prepared_small(MinMaxObserver, PerChannelMinMaxObserver)
+    calibrate(prepared, small_batches()[::2])
     before = states(prepared)
     start = time.perf_counter()
     try:

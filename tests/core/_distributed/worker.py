@@ -3,7 +3,7 @@ repository root) with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, as torc
 
 ``--launch main`` runs every scenario of ``scenarios.MAIN`` in order on one gloo process
 group (the failing ones end with every rank raising at the same step, so the group stays
-usable); ``--launch dead`` / ``late`` run one failure each. Results go to
+usable); ``--launch dead`` / ``late`` run ``scenarios.failure`` in that mode. Results go to
 ``<out>/rank<R>.pt`` (torch.save), written even when a scenario raises unexpectedly.
 """
 
