@@ -215,3 +215,50 @@ def test_top_level_functions_query_the_default_manager(make_plugin, monkeypatch)
     assert [(r.name, r.status) for r in qw.plugins()] == [("qw_top", "loaded")]
     assert qw.get_quantizer("top").plugin == "qw_top"
     assert [(c.pattern, c.plugin) for c in qw.quantization_capabilities()] == [("add", "qw_top")]
+
+
+def test_unknown_names_in_the_env_vars_are_warned_about(make_plugin):
+    a = make_plugin("qw_a", GOOD.format(qname="a"))
+    with pytest.warns(qw.PluginWarning) as caught:
+        records = {r.name: r.status for r in manager(a, QUANTWEAVE_DISABLE_PLUGINS="qw_a,typo").plugins()}
+    assert records == {"qw_a": "disabled"}
+    (message,) = [str(w.message) for w in caught]
+    assert message == (
+        "QUANTWEAVE_DISABLE_PLUGINS names 'typo', which is not an installed quantweave plugin "
+        "(installed plugins: qw_a); it has no effect"
+    )
+    with pytest.warns(qw.PluginWarning, match=r"QUANTWEAVE_LOAD_PLUGINS names 'a', which is not an installed"):
+        manager(a, QUANTWEAVE_LOAD_PLUGINS="a").plugins()  # the quantizer's name, not the plugin's
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # known names, or empty lists: nothing to say
+        manager(a, QUANTWEAVE_LOAD_PLUGINS="qw_a", QUANTWEAVE_DISABLE_PLUGINS="").plugins()
+
+
+def test_a_quantizer_of_a_disabled_plugin_says_it_is_disabled_and_by_which_variable(make_plugin):
+    a = make_plugin("qw_a", GOOD.format(qname="qw_a"))
+    b = make_plugin("qw_b", GOOD.format(qname="b"))
+    pm = manager(a, b, QUANTWEAVE_DISABLE_PLUGINS="qw_a")
+    with pytest.raises(qw.UnknownQuantizerError) as caught:
+        pm.get_quantizer("qw_a")
+    assert str(caught.value) == (
+        "no quantizer named 'qw_a' is available: plugin 'qw_a' is disabled by QUANTWEAVE_DISABLE_PLUGINS "
+        "(to load it, unset QUANTWEAVE_DISABLE_PLUGINS or remove 'qw_a' from it); available: qw_b:b"
+    )
+    pm = manager(a, b, QUANTWEAVE_LOAD_PLUGINS="qw_b")
+    with pytest.raises(qw.UnknownQuantizerError, match=r"plugin 'qw_a' is not listed in QUANTWEAVE_LOAD_PLUGINS"):
+        pm.get_quantizer("qw_a:qw_a")
+    broken = make_plugin("qw_broken", "raise ImportError('no native lib')")
+    with pytest.warns(qw.PluginWarning):
+        pm = manager(broken)
+        with pytest.raises(qw.UnknownQuantizerError, match=r"plugin 'qw_broken' was not loaded \(failed: import"):
+            pm.get_quantizer("qw_broken")
+
+
+def test_quantizers_have_a_repr_with_their_name_and_configuration():
+    template = pytest.importorskip("quantweave_contrib_template.quantizer")
+    assert repr(template.TemplateQuantizer()) == "TemplateQuantizer(name='template', is_dynamic=False)"
+    assert repr(template.TemplateQuantizer(is_dynamic=True)) == "TemplateQuantizer(name='template', is_dynamic=True)"
+    x86 = pytest.importorskip("quantweave_x86")
+    assert repr(x86.X86InductorQuantizer(reduce_range=True)).startswith(
+        "X86InductorQuantizer(name='x86', global=default(static, reduce_range), reduce_range=True"
+    )

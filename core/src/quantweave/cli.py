@@ -7,6 +7,9 @@ quantizers and, for failures, the reason.
 quantizer table of declared capabilities (cells list the modes), one row per capability
 with everything it states (``--details``), or the records as JSON.
 
+``quantweave --version``: the versions of quantweave (and its plugin API), torch, and each
+plugin's distribution.
+
 ``quantweave new-plugin NAME [--dir DIR]``: generate a plugin project (see
 :mod:`quantweave.scaffold`).
 """
@@ -58,8 +61,9 @@ def render_capabilities(
             row = [c.pattern, c.mode.value, who, d["activation"], d["weight"], d["bias"], d["output"]]
             rows.append([*row, d["fused"], d["when"]])
         legend = (
-            "activation/weight/bias: dtype[qmin,qmax] granularity (axis) sym|affine; output: own (its own qparams), "
-            "shared with input N, fixed scale/zero_point, or float; '?': not stated by the plugin"
+            "quantizer: plugin:quantizer; activation/weight/bias: dtype[qmin,qmax] granularity (axis) sym|affine; "
+            "output: own (its own qparams), shared with input N, fixed scale/zero_point, or float; "
+            "'?': not stated by the plugin"
         )
         return render_table(header, rows) + "\n" + legend
     if as_json:
@@ -70,11 +74,14 @@ def render_capabilities(
             + (f" for plugin {plugin!r}" if plugin else "")
             + (f" in mode {mode}" if mode else "")
         )
-    quantizers = sorted({f"{c.plugin}:{c.quantizer}" for c in caps})
+    quantizers = sorted({(c.plugin, c.quantizer) for c in caps})
+    names = [q for _, q in quantizers]
+    # a column is headed by the quantizer's name (what get_quantizer takes), qualified only if two plugins share it
+    columns = {pq: pq[1] if names.count(pq[1]) == 1 else f"{pq[0]}:{pq[1]}" for pq in quantizers}
     patterns = sorted({c.pattern for c in caps})
-    cells: dict[tuple[str, str], list[str]] = {}
+    cells: dict[tuple[str, tuple[str, str]], list[str]] = {}
     for c in caps:
-        cells.setdefault((c.pattern, f"{c.plugin}:{c.quantizer}"), []).append(c.mode.value)
+        cells.setdefault((c.pattern, (c.plugin, c.quantizer)), []).append(c.mode.value)
     order = [m.value for m in Mode]
     rows = [
         [
@@ -84,15 +91,64 @@ def render_capabilities(
         ]
         for pattern in patterns
     ]
-    return render_table(["pattern", "origin", *quantizers], rows)
+    records = {r.name: r for r in manager.plugins()}
+    width = max(len(c) for c in columns.values())
+    notes = ["columns (quantizer, as get_quantizer names it):"]
+    for plugin, quantizer in quantizers:
+        record = records.get(plugin)
+        dist = f" ({record.distribution} {record.version})" if record is not None and record.distribution else ""
+        notes.append(f"  {columns[(plugin, quantizer)]:<{width}}  quantizer {quantizer!r} of plugin {plugin!r}{dist}")
+    notes += [
+        "cells: the modes the quantizer declares for the pattern (static, dynamic, qat, weight_only); '-': none",
+        "origin: 'core' (the vocabulary) or the plugin that contributed the pattern; one row per capability: --details",
+    ]
+    return "\n".join([render_table(["pattern", "origin", *columns.values()], rows), "", *notes])
+
+
+def render_version(manager: PluginManager) -> str:
+    """The core's version and plugin API, torch's, and each plugin's distribution and version."""
+    import torch
+
+    from . import __version__
+    from .plugin_api import PLUGIN_API_VERSION
+
+    lines = [f"quantweave {__version__} (plugin API {PLUGIN_API_VERSION}, torch {torch.__version__})"]
+    for r in manager.plugins():
+        dist = f"{r.distribution} {r.version}" if r.distribution else "(not from a distribution)"
+        lines.append(f"  plugin {r.name}: {dist}, {r.status}")
+    if len(lines) == 1:
+        lines.append("  no plugins installed (entry-point group 'quantweave')")
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None, manager: PluginManager | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="quantweave", description="PT2E quantization plugins and capabilities")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_plugins = sub.add_parser("plugins", help="list installed plugins and their status")
+    parser = argparse.ArgumentParser(
+        prog="quantweave",
+        description="quantweave: PT2E quantization on public torch. Lists the installed backend quantizer plugins "
+        "and what each quantizer declares it quantizes.",
+        epilog="Plugin loading: QUANTWEAVE_DISABLE_PLUGINS=a,b (skip these), QUANTWEAVE_LOAD_PLUGINS=a,b (only "
+        "these), QUANTWEAVE_STRICT_PLUGINS=1 (raise on a plugin failure). Run 'quantweave COMMAND --help' for a "
+        "command's options.",
+    )
+    parser.add_argument(
+        "--version", action="store_true", help="print the versions of quantweave, torch and each plugin, and exit"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    p_plugins = sub.add_parser(
+        "plugins",
+        help="list installed plugins and their status",
+        description="Every plugin found under the entry-point group 'quantweave': its status (loaded, failed, "
+        "incompatible, disabled), the plugin API it targets, its distribution and version, the quantizers it "
+        "provides, and why it did not load.",
+    )
     p_plugins.add_argument("--json", action="store_true", help="print JSON")
-    p_caps = sub.add_parser("capabilities", help="pattern x quantizer table of declared capabilities")
+    p_caps = sub.add_parser(
+        "capabilities",
+        help="pattern x quantizer table of declared capabilities",
+        description="Which patterns (conv2d_relu, linear, ...) each installed quantizer declares, in which modes "
+        "(static, dynamic, qat, weight_only). --details: one row per capability with what it does to the whole "
+        "pattern (inputs, weight, bias, output, fusion, when it applies).",
+    )
     p_caps.add_argument("--plugin", help="only this plugin")
     p_caps.add_argument("--mode", choices=[m.value for m in Mode], help="only this mode")
     p_caps.add_argument("--json", action="store_true", help="print JSON records")
@@ -103,6 +159,11 @@ def main(argv: Sequence[str] | None = None, manager: PluginManager | None = None
     p_new.add_argument("name", help="the plugin's name, e.g. 'acme' (distribution quantweave-acme)")
     p_new.add_argument("--dir", help="where to generate it (default: ./quantweave-NAME); must be absent or empty")
     args = parser.parse_args(argv)
+    if args.version:
+        print(render_version(manager or default_manager()))
+        return 0
+    if args.command is None:
+        parser.error(f"a command is required: {', '.join(sub.choices)} (see quantweave --help)")
     if args.command == "new-plugin":
         return _new_plugin(args.name, args.dir)
     manager = manager or default_manager()

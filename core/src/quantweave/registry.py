@@ -188,8 +188,22 @@ class PluginManager:
                 failures.append(self._record_failure(ep.name, where, failure))
                 continue
             failures += self._register(ep.name, plugin, where)
+        self._warn_unknown_names(set(seen), disabled, allowed)
         failures += self._settle()
         self._report(failures)
+
+    def _warn_unknown_names(self, installed: set[str], disabled: set[str], allowed: set[str] | None) -> None:
+        """A name in QUANTWEAVE_DISABLE_PLUGINS / QUANTWEAVE_LOAD_PLUGINS that is no installed
+        plugin is most likely a typo (or a quantizer or distribution name): say so."""
+        known = ", ".join(sorted(installed)) or "none"
+        for variable, names in ((ENV_DISABLE, disabled), (ENV_LOAD, allowed or set())):
+            for name in sorted(names - installed):
+                warnings.warn(
+                    f"{variable} names {name!r}, which is not an installed quantweave plugin (installed plugins: "
+                    f"{known}); it has no effect",
+                    PluginWarning,
+                    stacklevel=4,
+                )
 
     def register(
         self, name: str, plugin: object, *, distribution: str | None = None, version: str | None = None
@@ -395,6 +409,23 @@ class PluginManager:
                 f"quantizer name {name!r} is ambiguous: provided by {', '.join(matches)}; use a qualified name"
             )
         available = ", ".join(sorted(infos)) or "none (no plugin is loaded; see `quantweave plugins`)"
+        plugin_name = name.split(":", 1)[0]
+        record = self._records.get(plugin_name)
+        if record is not None and record.status != "loaded":
+            if record.status == "disabled":
+                how = (
+                    f"unset {ENV_DISABLE} or remove {plugin_name!r} from it"
+                    if ENV_DISABLE in (record.error or "")
+                    else f"add {plugin_name!r} to {ENV_LOAD}"
+                )
+                raise UnknownQuantizerError(
+                    f"no quantizer named {name!r} is available: plugin {plugin_name!r} is {record.error} "
+                    f"(to load it, {how}); available: {available}"
+                )
+            raise UnknownQuantizerError(
+                f"no quantizer named {name!r} is available: plugin {plugin_name!r} was not loaded ({record.status}: "
+                f"{record.error}); available: {available}"
+            )
         raise UnknownQuantizerError(f"no quantizer named {name!r}; available: {available}")
 
     def get_quantizer(self, name: str, **options: Any) -> Quantizer:

@@ -79,3 +79,7 @@ class TemplateQuantizer(qw.Quantizer):
     def quantization_capabilities(self) -> tuple[Capability, ...]:
         mode = Mode.DYNAMIC if self.is_dynamic else Mode.STATIC
         return tuple(c for c in CAPABILITIES if c.mode is mode)
+
+    def __repr__(self) -> str:
+        # name and configuration: what a user needs to tell two quantizers apart in a log
+        return f"{type(self).__name__}(name={self.name!r}, is_dynamic={self.is_dynamic})"
