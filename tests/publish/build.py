@@ -3,18 +3,24 @@
 ``python tests/publish/build.py WORKDIR`` (WORKDIR: the env's ``{envtmpdir}``):
 
 1. builds wheels of the core, quantweave-x86 and contrib/litert (quantweave-litert) into
-   ``WORKDIR/dist`` and installs them (no index: exactly these wheels; their other
-   requirements are already in the env);
+   ``WORKDIR/dist`` and installs exactly these wheel files (their other requirements from
+   the package index);
 2. generates a plugin project with the installed ``quantweave new-plugin acme`` (so the
    templates come from the core *wheel*) into ``WORKDIR/quantweave-acme``;
 3. builds its sdist and wheel, unedited, into ``WORKDIR/dist`` and installs the wheel.
 
 The env then lints the generated project, runs its own tests, the litert conformance and
 composition tests and ``tests/publish`` against what is installed.
+
+``python tests/publish/build.py WORKDIR --project-tox`` runs the generated project's own
+``tox.ini`` as its author would (``tox -e py311``: its wheel built in an isolated build
+environment, installed with its dependencies, its tests run), with quantweave resolved
+from ``WORKDIR/dist`` (``PIP_FIND_LINKS``) since it is not on the package index.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -24,9 +30,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = "acme"
 
 
-def run(*args: str | Path) -> None:
+def run(*args: str | Path, env: dict[str, str] | None = None) -> None:
     print("+", " ".join(str(a) for a in args), flush=True)
-    subprocess.run([str(a) for a in args], check=True)
+    subprocess.run([str(a) for a in args], check=True, env=env)
 
 
 def build(source: Path, dist: Path, *targets: str) -> None:
@@ -34,8 +40,13 @@ def build(source: Path, dist: Path, *targets: str) -> None:
     run(sys.executable, "-m", "build", *targets, "--no-isolation", "--outdir", dist, source)
 
 
-def install(dist: Path, *names: str) -> None:
-    run(sys.executable, "-m", "pip", "install", "--no-index", "--find-links", dist, *names)
+def install(dist: Path, *stems: str) -> None:
+    # exactly these wheel files; their other requirements (pluggy, ...) come from the index
+    wheels = []
+    for stem in stems:
+        (wheel,) = dist.glob(f"{stem}-*.whl")
+        wheels.append(wheel)
+    run(sys.executable, "-m", "pip", "install", *wheels)
 
 
 def main(workdir: str) -> None:
@@ -45,14 +56,25 @@ def main(workdir: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
     for source in ("core", "plugins/x86", "contrib/litert"):
         build(ROOT / source, dist, "--wheel")
-    install(dist, "quantweave", "quantweave-x86", "quantweave-litert")
+    install(dist, "quantweave", "quantweave_x86", "quantweave_litert")
     script = Path(sys.executable).with_name("quantweave")
     run(script, "new-plugin", PLUGIN, "--dir", project)
     build(project, dist, "--sdist", "--wheel")
-    install(dist, f"quantweave-{PLUGIN}")
+    install(dist, f"quantweave_{PLUGIN}")
+
+
+def project_tox(workdir: str) -> None:
+    work = Path(workdir)
+    env = {**os.environ, "PIP_FIND_LINKS": str(work / "dist")}
+    project, toxwork = work / f"quantweave-{PLUGIN}", work / "project-tox"
+    shutil.rmtree(toxwork, ignore_errors=True)
+    run(sys.executable, "-m", "tox", "-c", project, "-e", "py311", "--workdir", toxwork, env=env)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python tests/publish/build.py WORKDIR")
-    main(sys.argv[1])
+    if len(sys.argv) == 3 and sys.argv[2] == "--project-tox":
+        project_tox(sys.argv[1])
+    elif len(sys.argv) == 2:
+        main(sys.argv[1])
+    else:
+        sys.exit("usage: python tests/publish/build.py WORKDIR [--project-tox]")
