@@ -8,6 +8,7 @@ benchmarks pass larger sizes.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -26,6 +27,10 @@ __all__ = [
     "example_inputs",
     "mobilenet_v2_like",
     "resnet18_like",
+    "DecoderBlock",
+    "TinyDecoderLM",
+    "lm_prompts",
+    "tiny_decoder_lm",
 ]
 
 
@@ -287,3 +292,77 @@ def conv_transpose_decoder(seed: int = 0, **kwargs: object) -> ConvTransposeDeco
     model = ConvTransposeDecoder(**kwargs)  # type: ignore[arg-type]
     _randomize_bn(model)
     return model.eval()
+
+
+# -- a decoder-only language model (issue 11: embeddings + XNNPACK on ExecuTorch) ------------------
+
+
+class DecoderBlock(nn.Module):
+    """Pre-norm causal self-attention and a GELU MLP, each with a residual add."""
+
+    def __init__(self, dim: int, heads: int, hidden: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.ln2 = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        h = self.heads
+        q, k, v = self.qkv(self.ln1(x)).split(d, -1)
+        q, k, v = (y.reshape(b, t, h, d // h).transpose(1, 2) for y in (q, k, v))
+        scores = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(d // h)) + mask[:t, :t]
+        x = x + self.proj((torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(nn.functional.gelu(self.fc1(self.ln2(x))))
+
+
+class TinyDecoderLM(nn.Module):
+    """Decoder-only LM: token embedding + learned position embedding, ``layers`` causal
+    decoder blocks, a final layer norm and a bias-free LM head (``tied``: the head's weight
+    *is* the token table). No KV cache: ``forward(tokens)`` returns the logits of every
+    position of a window of up to ``max_seq`` tokens."""
+
+    def __init__(
+        self, vocab: int = 32000, dim: int = 128, layers: int = 2, heads: int = 4, max_seq: int = 64, tied: bool = False
+    ) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(max_seq, dim)
+        self.blocks = nn.ModuleList(DecoderBlock(dim, heads, 4 * dim) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        if tied:
+            self.head.weight = self.tok.weight
+        self.register_buffer("mask", torch.full((max_seq, max_seq), float("-inf")).triu(1), persistent=False)
+        self.register_buffer("positions", torch.arange(max_seq), persistent=False)
+
+    @property
+    def tied(self) -> bool:
+        return self.head.weight is self.tok.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.tok(tokens) + self.pos(self.positions[: tokens.shape[1]])
+        for block in self.blocks:
+            x = block(x, self.mask)
+        return self.head(self.norm(x))
+
+
+def tiny_decoder_lm(seed: int = 0, **kwargs: Any) -> TinyDecoderLM:
+    """A deterministic :class:`TinyDecoderLM` in eval mode (PyTorch's default inits under
+    ``torch.manual_seed(seed)``). Defaults (vocab 32000, dim 128, 2 layers, 4 heads, 64
+    positions): 8,596,992 parameters untied (two 4,096,000-element tables: token embedding
+    and head), 4,500,992 tied."""
+    torch.manual_seed(seed)
+    return TinyDecoderLM(**kwargs).eval()
+
+
+def lm_prompts(model: TinyDecoderLM, count: int = 8, seq: int | None = None, seed: int = 11) -> torch.Tensor:
+    """``count`` deterministic prompts (token ids) of ``seq`` tokens (default: the model's
+    window), as one ``(count, seq)`` batch."""
+    gen = torch.Generator().manual_seed(seed)
+    length = model.pos.num_embeddings if seq is None else seq
+    return torch.randint(0, model.tok.num_embeddings, (count, length), generator=gen)
