@@ -326,6 +326,9 @@ class TinyDecoderLM(nn.Module):
     *is* the token table). No KV cache: ``forward(tokens)`` returns the logits of every
     position of a window of up to ``max_seq`` tokens."""
 
+    mask: torch.Tensor
+    positions: torch.Tensor
+
     def __init__(
         self, vocab: int = 32000, dim: int = 128, layers: int = 2, heads: int = 4, max_seq: int = 64, tied: bool = False
     ) -> None:
