@@ -30,7 +30,7 @@ from .annotation import (
     mark_annotated,
     set_skip_reason,
 )
-from .calibrate import CalibrationResult, calibrate
+from .calibration import CalibrationResult, calibrate
 from .capabilities import FLOAT, Capability, Mode, Quant, TensorQuant
 from .compose import ComposableQuantizer
 from .convert import convert_pt2e, dequantize_ops, quantize_ops
