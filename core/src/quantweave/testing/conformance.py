@@ -716,8 +716,10 @@ def assert_plugin_conforms(plugin: object, name: str = "plugin") -> None:
 def check_composition(composed: ComposableQuantizer, patterns: Vocabulary | None = None) -> list[ConformanceFailure]:
     """Hold ``composed.capability_table()`` against what the members really annotate: for
     every row, the composed quantizer annotates the pattern's probe, and the member that
-    claimed each op of the pattern must be the one the table names (``served_as``)."""
+    claimed each op of the pattern must be the one the table names (``served_as``). A member
+    that is itself a composition claims through its own members (their labels count as its)."""
     vocabulary = _vocabulary(patterns)
+    claim_labels = _claim_labels(composed)
     failures: list[ConformanceFailure] = []
     for row in composed.capability_table():
 
@@ -743,10 +745,26 @@ def check_composition(composed: ComposableQuantizer, patterns: Vocabulary | None
         nodes = occurrences[0]
         found = [node.meta.get(ANNOTATED_BY_KEY) if is_annotated(node) else None for node in nodes]
         expected = [None if step is None else step[0] for step in row.served_as]
-        if found != expected:
+        if len(found) != len(expected) or any(
+            (who is None) != (label is None) or (label is not None and who not in claim_labels.get(label, {label}))
+            for who, label in zip(found, expected, strict=False)
+        ):
             claims = ", ".join(f"{n.name}: {who or 'nobody'}" for n, who in zip(nodes, found, strict=True))
             fail(f"the capability table says the ops are claimed by {expected}; on the probe: {claims}")
     return failures
+
+
+def _claim_labels(composed: ComposableQuantizer) -> dict[str, set[str]]:
+    """member label -> the labels its claims carry (``ANNOTATED_BY_KEY``): its own, and for a
+    nested composition (which names its own members) its members', recursively."""
+    out: dict[str, set[str]] = {}
+    for label, member in zip(composed.labels, composed.quantizers, strict=True):
+        names = {label}
+        if isinstance(member, ComposableQuantizer):
+            for inner in _claim_labels(member).values():
+                names |= inner
+        out[label] = names
+    return out
 
 
 def capability_cases(info: QuantizerInfo) -> list[Any]:
