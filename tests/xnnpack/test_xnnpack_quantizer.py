@@ -529,3 +529,17 @@ def test_to_executorch_says_what_to_install_when_executorch_is_missing(monkeypat
     with pytest.raises(qx.ExecuTorchNotInstalledError, match=r"pip install --no-deps torchao==0\.18\.0 executorch"):
         qx.to_executorch(nn.Linear(2, 2), (torch.randn(1, 2),))
     assert issubclass(qx.ExecuTorchNotInstalledError, ImportError)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("builder", ["mobilenet_v2_like", "encoder_block", "resnet18_like", "conv_transpose_decoder"])
+def test_every_float_node_of_a_declared_op_says_why(builder, dynamic):
+    from quantweave.testing import models
+
+    model = getattr(models, builder)()
+    config = qx.get_symmetric_quantization_config(is_per_channel=True, is_dynamic=dynamic)
+    quantizer = qx.XNNPACKQuantizer().set_global(config)
+    prepared = qw.prepare_pt2e(torch.export.export(model.eval(), models.example_inputs(model)).module(), quantizer)
+    report = qw.annotation_report(prepared, quantizer)
+    assert report.quantized > 0
+    assert [(n.node, n.op) for n in report.nodes if n.kind == "unexplained"] == []

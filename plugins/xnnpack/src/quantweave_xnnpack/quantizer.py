@@ -107,6 +107,8 @@ _SHARE_QPARAMS = frozenset(
         aten.dropout_.default,
     )
 )
+#: compute ops a filter function can reject (named when they stay float for that reason)
+_FILTERED = _CONV | _CONV_T | _LINEAR | _ADD | _MUL | _CAT | _POOL | _SHARE_QPARAMS
 #: torch.histc (inside HistogramObserver) fails beyond this magnitude
 _HISTC_LIMIT = 3.4028235e15
 
@@ -704,7 +706,38 @@ class XNNPACKQuantizer(qw.Quantizer):
                 for match in pattern.find(patterns):
                     self._apply(stage, pattern, match)
         self._share_qparams(model)
+        self._explain_float(model)
         return model
+
+    def _explain_float(self, model: GraphModule) -> None:
+        """A reason on every node of a declared op this quantizer left float without one
+        (the annotation report shows it)."""
+        dynamic = self._dynamic_only()
+        for node in model.graph.nodes:
+            if node.op != "call_function" or qw.is_annotated(node) or qw.SKIP_REASON_KEY in node.meta:
+                continue
+            if self.filter_fn is not None and _calls(node, _FILTERED) and not self.filter_fn(node):
+                set_skip_reason(node, "rejected by the filter function")
+            elif _calls(node, _SHARE_QPARAMS) and node.args and isinstance(node.args[0], Node):
+                set_skip_reason(
+                    node,
+                    f"input {node.args[0].name!r} has no quantized output: XNNPACK shares qparams through "
+                    f"{str(node.target).split('.')[1]} only after a quantized producer",
+                )
+            elif _calls(node, _CONV | _CONV_T) and dynamic:
+                user = _only_user(node)
+                if user is not None and _calls(user, _RELU):
+                    set_skip_reason(
+                        node,
+                        "its only user is relu: XNNPACK quantizes conv + relu as one pattern, which a dynamic "
+                        "config does not apply",
+                    )
+
+    def _dynamic_only(self) -> bool:
+        """True when every config this quantizer holds is dynamic."""
+        configs = [stage.config for stage in self._stages() if stage.config is not None]
+        act = [c.input_activation for c in configs]
+        return bool(configs) and all(a is not None and a.is_dynamic for a in act)
 
     def _apply(self, stage: _Stage, pattern: _Pattern, match: _Match) -> None:
         if qw.is_annotated(match.nodes):
