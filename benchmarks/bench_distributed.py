@@ -246,7 +246,9 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--distance-batches", type=int, default=32)
+    parser.add_argument("--distance-batch-size", type=int, default=2)
     parser.add_argument("--skip-distance", action="store_true")
+    parser.add_argument("--skip-timing", action="store_true")
     parser.add_argument("--quick", action="store_true", help="a small smoke run")
     args = parser.parse_args()
     if args.worker:
@@ -254,43 +256,43 @@ def main() -> None:
         return
     if args.quick:
         args.batches, args.batch_size, args.image, args.width, args.repeat = 8, 2, 32, 8, 1
-        args.distance_batches = 8
+        args.distance_batches, args.distance_batch_size = 8, 2
     print(f"load before: {uptime()}")
     common = ["--batches", str(args.batches), "--batch-size", str(args.batch_size), "--image", str(args.image)]
     common += ["--width", str(args.width), "--repeat", str(args.repeat)]
-    print(
-        f"\nTiming: ResNet-18-like w{args.width} {args.image}px, {args.batches} batches of {args.batch_size}, "
-        f"HistogramObserver activations + per-channel weights, best of {args.repeat}"
-    )
-    header = (
-        f"{'configuration':<26} {'calibrate s':>11} {'sync ms':>8} {'total s':>8} | {'range pass: calib+sync s':>24}"
-    )
-    print(header)
-    print("-" * len(header))
-    rows = {}
-    for label, procs, threads in (
-        ("1 process x 2 threads", 1, 2),
-        ("1 process x 1 thread", 1, 1),
-        ("2 processes x 1 thread", 2, 1),
-    ):
-        r = launch(procs, threads, ["--task", "timing", *common])
-        rows[label] = r
+    if not args.skip_timing:
         print(
-            f"{label:<26} {r['one_pass_calibrate']:>11.3f} {r['one_pass_sync'] * 1e3:>8.1f} "
-            f"{r['one_pass_total']:>8.3f} | {r['range_pass_total']:>24.3f}"
+            f"\nTiming: ResNet-18-like w{args.width} {args.image}px, {args.batches} batches of {args.batch_size}, "
+            f"HistogramObserver activations + per-channel weights, best of {args.repeat}"
         )
-    two = rows["2 processes x 1 thread"]
-    for label in ("1 process x 2 threads", "1 process x 1 thread"):
-        print(f"speed-up of 2 processes over {label}: {rows[label]['one_pass_total'] / two['one_pass_total']:.2f}x")
-    print(
-        f"observers synchronized: {two['observers']} ({two['merged']}); "
-        f"payload per rank {two['payload_bytes'] / 1024:.0f} KiB"
-    )
+        header = f"{'configuration':<26} {'calibrate s':>11} {'sync ms':>8} {'total s':>8}"
+        header += f" | {'range pass: calib+sync s':>24}"
+        print(header)
+        print("-" * len(header))
+        rows = {}
+        for label, procs, threads in (
+            ("1 process x 2 threads", 1, 2),
+            ("1 process x 1 thread", 1, 1),
+            ("2 processes x 1 thread", 2, 1),
+        ):
+            r = launch(procs, threads, ["--task", "timing", *common])
+            rows[label] = r
+            print(
+                f"{label:<26} {r['one_pass_calibrate']:>11.3f} {r['one_pass_sync'] * 1e3:>8.1f} "
+                f"{r['one_pass_total']:>8.3f} | {r['range_pass_total']:>24.3f}"
+            )
+        two = rows["2 processes x 1 thread"]
+        for label in ("1 process x 2 threads", "1 process x 1 thread"):
+            print(f"speed-up of 2 processes over {label}: {rows[label]['one_pass_total'] / two['one_pass_total']:.2f}x")
+        print(
+            f"observers synchronized: {two['observers']} ({two['merged']}); "
+            f"payload per rank {two['payload_bytes'] / 1024:.0f} KiB"
+        )
 
     if not args.skip_distance:
         print(
             f"\nHistogram distance to one process on the union ({args.distance_batches} batches of "
-            f"{args.batch_size}, interleaved shards): clip = max distance of either end of the clipping "
+            f"{args.distance_batch_size}, interleaved shards): clip = max distance of either end of the clipping "
             "range in bins of 2048; scale = max relative difference; zp = max |zero point difference|"
         )
         header = f"{'model':<13} {'compared with one process in order':<36} {'clip bins':>9} {'scale':>7}"
@@ -300,7 +302,7 @@ def main() -> None:
         sqnrs = []
         for model in ("resnet", "mobilenet_v2", "encoder"):
             extra = ["--task", "distance", "--model", model, "--batches", str(args.distance_batches)]
-            extra += ["--batch-size", str(args.batch_size), "--width", "16"]
+            extra += ["--batch-size", str(args.distance_batch_size), "--width", "16"]
             single = launch(1, 1, extra)
             natural = single["natural"]
             lines = []
