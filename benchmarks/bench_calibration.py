@@ -1,0 +1,166 @@
+"""Calibration cost: prepared-model forward time over float forward time.
+
+For the ResNet-18-like CNN (w64, 224 px, batch 1) and the encoder block (d512, 8 heads,
+ff 2048, seq 128, batch 1), annotated by the reference quantizer
+(``quantweave.testing.reference``: uint8 per-tensor activations, int8 per-channel
+symmetric weights) with MinMaxObserver or HistogramObserver activations, it times
+calibration (the prepared model's forward over the batches) against the exported float
+model's forward over the same batches. The two are interleaved batch by batch (the order
+alternating) in one process, so machine load weighs on both alike. Each repetition uses a
+fresh ``prepare_pt2e`` (histogram ranges grow over the first batches, as in a real
+calibration); the reported ratio is the median over repetitions.
+
+Observer sets measured on the same models in the same run: torch's
+(``torch.ao.quantization.observer``: "before"), quantweave's default ones
+(``quantweave.observers``: "after") and, with histogram activations, the opt-in
+``quantweave.observers.FastHistogramObserver``; the converted models' qparams and outputs
+must be identical across all of them (checked, printed).
+
+    python benchmarks/bench_calibration.py [--quick] [--repeat N] [--batches N] [--threads N] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+import types
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import quantweave as qw
+from quantweave.testing import models
+from quantweave.testing.inspect import qdq_summary
+from quantweave.testing.reference import make_reference_quantizer, quantweave_api
+
+warnings.filterwarnings("ignore")
+
+OBSERVERS = ("MinMaxObserver", "HistogramObserver", "PerChannelMinMaxObserver")
+
+
+def observer_sets() -> dict[str, Any]:
+    """'before': the reference quantizer's API with torch's observer classes; 'after':
+    quantweave's (the default ones); 'opt-in': FastHistogramObserver for activations."""
+    import torch.ao.quantization.observer as torch_observers
+
+    from quantweave.observers import FastHistogramObserver
+
+    after = quantweave_api()
+    before = types.SimpleNamespace(**vars(after))
+    for name in OBSERVERS:
+        setattr(before, name, getattr(torch_observers, name))
+    fast = types.SimpleNamespace(**vars(after))
+    fast.HistogramObserver = FastHistogramObserver
+    return {
+        "before (torch observers)": before,
+        "after (quantweave default)": after,
+        "opt-in FastHistogramObserver": fast,
+    }
+
+
+def cases(quick: bool) -> list[tuple[str, Callable[[], torch.nn.Module], Callable[[int], tuple[torch.Tensor, ...]]]]:
+    def image(size: int) -> Callable[[int], tuple[torch.Tensor, ...]]:
+        return lambda seed: (torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(seed)),)
+
+    def tokens(seq: int, d: int) -> Callable[[int], tuple[torch.Tensor, ...]]:
+        return lambda seed: (torch.randn(1, seq, d, generator=torch.Generator().manual_seed(seed)),)
+
+    if quick:
+        return [
+            ("resnet18 (w16, 64px)", lambda: models.resnet18_like(width=16, num_classes=100), image(64)),
+            ("encoder d128 seq64", lambda: models.encoder_block(d_model=128, heads=4, ff=512), tokens(64, 128)),
+        ]
+    return [
+        ("resnet18 (w64, 224px)", lambda: models.resnet18_like(), image(224)),
+        ("encoder d512 seq128", lambda: models.encoder_block(d_model=512, heads=8, ff=2048), tokens(128, 512)),
+    ]
+
+
+def measure(
+    exported: torch.fx.GraphModule, api: Any, histogram: bool, batches: list[tuple[torch.Tensor, ...]], repeat: int
+) -> tuple[float, float, float, torch.fx.GraphModule]:
+    """(median ratio, float ms per batch, calibration ms per batch, last prepared model)."""
+    ratios, float_ms, calib_ms = [], [], []
+    prepared = None
+    with torch.no_grad():
+        exported(*batches[0])  # warm-up
+        for r in range(repeat):
+            prepared = qw.prepare_pt2e(exported, make_reference_quantizer(api, histogram=histogram))
+            t_float = t_calib = 0.0
+            for i, batch in enumerate(batches):
+                order = (0, 1) if (i + r) % 2 == 0 else (1, 0)
+                for which in order:
+                    model = exported if which == 0 else prepared
+                    start = time.perf_counter()
+                    model(*batch)
+                    elapsed = time.perf_counter() - start
+                    if which == 0:
+                        t_float += elapsed
+                    else:
+                        t_calib += elapsed
+            ratios.append(t_calib / t_float)
+            float_ms.append(t_float * 1e3 / len(batches))
+            calib_ms.append(t_calib * 1e3 / len(batches))
+    assert prepared is not None
+    return statistics.median(ratios), statistics.median(float_ms), statistics.median(calib_ms), prepared
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small models (< 1 minute)")
+    parser.add_argument("--repeat", type=int, default=None, help="fresh calibrations per configuration (median)")
+    parser.add_argument("--batches", type=int, default=None, help="calibration batches")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", dest="json_path")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    torch.set_num_threads(args.threads)
+    repeat = args.repeat or (2 if args.quick else 5)
+    n_batches = args.batches or 10
+    sets = observer_sets()
+    load_before = os.getloadavg()
+    print(f"load average at start: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}")
+    header = f"{'model':<24} {'activations':<10} | {'observers':<29} {'float ms':>9} {'calib ms':>9} {'ratio':>6}"
+    print(f"threads: {args.threads}, calibration batches: {n_batches}, repetitions (median): {repeat}")
+    print(header)
+    print("-" * len(header))
+    results = []
+    for name, factory, make in cases(args.quick):
+        model = factory()
+        exported = torch.export.export(model, make(0)).module()
+        batches = [make(100 + i) for i in range(n_batches)]
+        for histogram in (False, True):
+            kind = "histogram" if histogram else "minmax"
+            converted = {}
+            for label, api in sets.items():
+                if label.startswith("opt-in") and not histogram:
+                    continue  # FastHistogramObserver changes histogram activations only
+                ratio, f_ms, c_ms, prepared = measure(exported, api, histogram, batches, repeat)
+                converted[label] = qw.convert_pt2e(prepared)
+                print(f"{name:<24} {kind:<10} | {label:<29} {f_ms:9.2f} {c_ms:9.2f} {ratio:5.2f}x", flush=True)
+                results.append(
+                    {"model": name, "activations": kind, "observers": label, "float_ms": f_ms, "calib_ms": c_ms}
+                    | {"ratio": ratio}
+                )
+            before, *others = converted.values()
+            same_qparams = all(qdq_summary(before) == qdq_summary(other) for other in others)
+            with torch.no_grad():
+                same_out = all(torch.equal(before(*batches[0]), other(*batches[0])) for other in others)
+            print(f"{'':<24} {'':<10} | qparams identical: {same_qparams}; outputs identical: {same_out}")
+            for row in results[-len(converted) :]:
+                row["identical"] = same_qparams and same_out
+    load_after = os.getloadavg()
+    print(f"load average at end: {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
+    if args.json_path:
+        with open(args.json_path, "w") as f:
+            json.dump({"results": results, "load": [load_before, load_after]}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
