@@ -1,0 +1,116 @@
+"""``ExecuTorchQuantizer``: ExecuTorch recipes as a composition of two plugins.
+
+- ``"llm"``: XNNPACK dynamic quantization of linears (int8 activations quantized per
+  call, int8 per-channel weights, or 4-bit per-channel weights with ``linear_bits=4``) from
+  ``quantweave-xnnpack``, then embedding tables weight-only (8-bit per row, or 4-bit
+  group-wise with ``embedding_bits=4``) from ``quantweave-embedding``. XNNPACK comes first
+  so that a table tied to the head shares the head's per-row quantization (one quantized
+  copy; ``tied="own"`` quantizes the table with its own config, ``"skip"`` leaves it float);
+- ``"vision"``: XNNPACK static quantization with per-channel weights.
+
+The recipe is an ordinary :class:`quantweave.ComposableQuantizer` of the plugins' public
+quantizer classes: ``capability_table()`` says which plugin serves each pattern and what
+is shadowed, ``quantization_capabilities()`` is what the composition serves (with each
+member plugin as provenance), and the annotation report names the member that quantized
+each node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import quantweave as qw
+from quantweave.plugin_api import Capability, Quantizer
+from quantweave_embedding import EmbeddingQuantizer
+from quantweave_xnnpack import XNNPACKQuantizer, get_symmetric_quantization_config
+
+from ._capabilities import PRESETS
+
+__all__ = ["ExecuTorchQuantizer"]
+
+_LLM_DEFAULTS: dict[str, Any] = {
+    "embedding_bits": 8,
+    "embedding_group_size": None,
+    "embedding_symmetric": None,
+    "linear_bits": 8,
+    "tied": "share",
+}
+
+
+class ExecuTorchQuantizer(qw.ComposableQuantizer):
+    """An ExecuTorch recipe (see the module docstring)::
+
+        ExecuTorchQuantizer("llm")  # 8-bit tables + dynamic int8 linears
+        ExecuTorchQuantizer("llm", embedding_bits=4, embedding_group_size=32)  # 4-bit tables
+        ExecuTorchQuantizer("llm", linear_bits=4)  # 4-bit per-channel linear weights
+        ExecuTorchQuantizer("vision")  # static per-channel XNNPACK
+
+    ``embedding_bits=None`` / ``linear_bits=None`` drop that part of the ``"llm"`` recipe.
+    """
+
+    def __init__(
+        self,
+        preset: str = "llm",
+        *,
+        embedding_bits: int | None = 8,
+        embedding_group_size: int | None = None,
+        embedding_symmetric: bool | None = None,
+        linear_bits: int | None = 8,
+        tied: str = "share",
+    ) -> None:
+        if preset not in PRESETS:
+            raise ValueError(f"ExecuTorchQuantizer: preset must be one of {', '.join(PRESETS)}; got {preset!r}")
+        options = {
+            "embedding_bits": embedding_bits,
+            "embedding_group_size": embedding_group_size,
+            "embedding_symmetric": embedding_symmetric,
+            "linear_bits": linear_bits,
+            "tied": tied,
+        }
+        members: list[Quantizer] = []
+        if preset == "vision":
+            changed = sorted(k for k, v in options.items() if v != _LLM_DEFAULTS[k])
+            if changed:
+                raise ValueError(f"ExecuTorchQuantizer: {', '.join(changed)} apply to the 'llm' preset only")
+            members.append(_xnnpack(get_symmetric_quantization_config(is_per_channel=True)))
+        else:
+            if linear_bits is not None:
+                if linear_bits not in (4, 8):
+                    raise ValueError(f"ExecuTorchQuantizer: linear_bits must be 8, 4 or None; got {linear_bits!r}")
+                four = {"weight_qmin": -8, "weight_qmax": 7} if linear_bits == 4 else {}
+                config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True, **four)
+                members.append(_xnnpack(config))
+            if embedding_bits is not None:
+                embedding = EmbeddingQuantizer(
+                    embedding_bits, embedding_group_size, symmetric=embedding_symmetric, tied=tied
+                )
+                embedding.plugin = "embedding"
+                members.append(embedding)
+            if not members:
+                raise ValueError("ExecuTorchQuantizer: embedding_bits and linear_bits are both None: nothing to do")
+        super().__init__(members)
+        self.name = "executorch"
+        self.plugin = "executorch"  # the plugin providing the recipe (its members name their own plugins)
+        self.preset = preset
+        self.options = options if preset == "llm" else {}
+
+    def quantization_capabilities(self) -> list[Capability]:
+        """The members' declarations, each with its member's plugin as provenance (the members
+        of a recipe declare disjoint (pattern, mode) keys; ``capability_table()`` says who
+        serves what op by op)."""
+        caps: list[Capability] = []
+        for member in self.quantizers:
+            for cap in member.quantization_capabilities():
+                caps.append(cap if cap.plugin else replace(cap, plugin=member.plugin))
+        return caps
+
+    def __repr__(self) -> str:
+        options = ", ".join(f"{k}={v!r}" for k, v in self.options.items() if v != _LLM_DEFAULTS[k])
+        return f"ExecuTorchQuantizer({self.preset!r}{', ' + options if options else ''}; {' + '.join(self.labels)})"
+
+
+def _xnnpack(config: qw.QuantizationConfig) -> XNNPACKQuantizer:
+    quantizer = XNNPACKQuantizer().set_global(config)
+    quantizer.plugin = "xnnpack"
+    return quantizer
