@@ -226,13 +226,11 @@ def exact_histc(x: torch.Tensor, bins: int, lo: float, hi: float, *, within: boo
         return torch.histc(x, bins, min=lo, max=hi)
     if lo == hi:
         lo, hi = lo - 1.0, hi + 1.0
-    try:  # the kernel's float32 edges and width (double rounding of float32 operands is exact)
-        left, right = _to_float32(lo), _to_float32(hi)
-        width = _to_float32(right - left)
-    except OverflowError:
-        return torch.histc(x, bins, min=lo, max=hi)
+    # the kernel's float32 edges and width (double rounding of float32 operands is exact)
+    left, right = _f32(lo), _f32(hi)
+    width = _f32(right - left)
     flat = x.reshape(-1)
-    if not (math.isfinite(width) and width > 0) or len(flat) == 0:
+    if not (math.isfinite(left) and math.isfinite(width) and width > 0) or len(flat) == 0:
         return torch.histc(x, bins, min=lo, max=hi)
     if not within:
         low, high = torch.aminmax(flat)
@@ -240,18 +238,24 @@ def exact_histc(x: torch.Tensor, bins: int, lo: float, hi: float, *, within: boo
             return torch.histc(x, bins, min=lo, max=hi)
     scaled, position = _scratch(len(flat), torch.int16 if bins < 2**15 - 1 else torch.int32)
     torch.sub(flat, left, out=scaled)  # left is a float32 value: the scalar converts exactly
-    step = _to_float32(width / bins)
-    if bins & (bins - 1) == 0 and step * bins == width and math.isfinite(_to_float32(width * bins)):
+    step = _f32(width / bins)
+    if bins & (bins - 1) == 0 and step * bins == width and math.isfinite(_f32(width * bins)):
         # bins a power of two, width / bins exact, (e - L) * bins never overflowing: the
         # kernel's ((e - L) * bins) / width multiplies exactly, so it equals (e - L) / step
         scaled.div_(step)
     else:
         scaled.mul_(bins).div_(width)
     position.copy_(scaled)  # float -> integer truncates, as the kernel's cast does (values in [0, bins])
-    counts = torch.bincount(position, minlength=bins + 1)
-    histogram = counts[:bins].to(torch.float32)
-    histogram[bins - 1] += counts[bins]  # the last bin keeps the right edge
-    return histogram
+    position.clamp_(max=bins - 1)  # the last bin keeps the right edge
+    return torch.bincount(position, minlength=bins).to(torch.float32)
+
+
+def _f32(value: float) -> float:
+    """``value`` rounded to float32 (inf beyond its range)."""
+    try:
+        return _to_float32(value)
+    except OverflowError:
+        return math.copysign(math.inf, value)
 
 
 _SCRATCH = threading.local()
@@ -261,11 +265,11 @@ def _scratch(n: int, index_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tens
     """Reusable float32 and integer work buffers of ``n`` elements (per thread): calibration
     would otherwise allocate (and page-fault) two activation-sized tensors per observer call.
     int16 bin indices when they fit: ``bincount`` and the cast are faster on them."""
-    key = f"buffers_{index_dtype}"
-    buffers = getattr(_SCRATCH, key, None)
+    cache: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = _SCRATCH.__dict__.setdefault("buffers", {})
+    buffers = cache.get(index_dtype)
     if buffers is None or len(buffers[0]) < n:
         buffers = (torch.empty(n, dtype=torch.float32), torch.empty(n, dtype=index_dtype))
-        setattr(_SCRATCH, key, buffers)
+        cache[index_dtype] = buffers
     return buffers[0][:n], buffers[1][:n]
 
 
