@@ -213,18 +213,24 @@ def to_executorch(
     dynamic_shapes: Any = None,
     partitioner_options: Mapping[str, Any] | None = None,
     compile_config: Any = None,
+    rewrite_tables: bool = True,
 ) -> ExecuTorchLLMProgram:
     """Lower ``converted`` (a ``quantweave.convert_pt2e`` result of the ``"llm"`` or
     ``"vision"`` recipe, or a float model) to an ExecuTorch program: tables rewritten by
     :func:`rewrite_embeddings`, ``torch.export``, ``to_edge_transform_and_lower`` with the
     ``XnnpackPartitioner`` (``partitioner_options``), then ``to_executorch`` with ExecuTorch's
-    quant fusion and constant propagation. Raises ``ExecuTorchNotInstalledError`` saying what
-    to install when ExecuTorch is missing."""
+    quant fusion and constant propagation. ``rewrite_tables=False`` leaves every table to
+    ExecuTorch's passes (group-wise tables are then folded into float ones). Raises
+    ``ExecuTorchNotInstalledError`` saying what to install when ExecuTorch is missing."""
     exir = _require("executorch.exir")
     partition = _require("executorch.backends.xnnpack.partition.xnnpack_partitioner")
     lowered: tuple[EmbeddingLowering, ...] = ()
     model = converted
-    if isinstance(converted, GraphModule) and any(n.target in qw.dequantize_ops() for n in converted.graph.nodes):
+    if (
+        rewrite_tables
+        and isinstance(converted, GraphModule)
+        and any(n.target in qw.dequantize_ops() for n in converted.graph.nodes)
+    ):
         model, lowered = rewrite_embeddings(converted)
     exported = torch.export.export(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
     kwargs: dict[str, Any] = {"partitioner": [partition.XnnpackPartitioner(**dict(partitioner_options or {}))]}
