@@ -50,29 +50,40 @@ def _flow(model, quantizer, x):
     return prepared, converted, converted(x)
 
 
-def test_x86_leaves_a_float64_mul_float():
-    """Before: x86 annotated the float64 mul; convert inserted quantize_per_tensor on a
-    float64 tensor and the converted model raised AssertionError ("Expecting input to have
-    dtype torch.float32") when run. Now the mul stays float, with a reason."""
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+def test_x86_leaves_a_mul_of_non_float32_tensors_float(dtype):
+    """Before: x86 annotated the mul of float64 tensors; convert inserted
+    quantize_per_tensor on a float64 tensor and the converted model raised AssertionError
+    ("Expecting input to have dtype torch.float32") when run. With QAT, the fused
+    fake-quantizer raised RuntimeError on a float16 / bfloat16 mul during training
+    ("expected scalar type Float but found Half"). Now such a mul stays float, with a
+    reason naming the dtype."""
     x = torch.randn(2, 4)
     quantizer = qw.get_quantizer("x86")
-    prepared, _, out = _flow(Float64Island(), quantizer, x)
+    prepared, _, out = _flow(Float64Island(dtype), quantizer, x)
     assert torch.isfinite(out).all()
     mul = next(n for n in prepared.graph.nodes if n.target == aten.mul.Tensor)
     assert not qw.is_annotated(mul)
     row = next(r for r in qw.annotation_report(prepared, quantizer).nodes if r.node == mul.name)
     assert row.status == "float"
-    assert "torch.float64" in row.reason
+    assert str(dtype) in row.reason
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_x86_still_quantizes_a_half_precision_mul(dtype):
-    """The dtype rule keeps what quantize_per_tensor accepts (float16 / bfloat16 are widened)."""
-    x = torch.randn(2, 4)
-    prepared, _, out = _flow(Float64Island(dtype), qw.get_quantizer("x86"), x)
-    assert torch.isfinite(out).all()
-    mul = next(n for n in prepared.graph.nodes if n.target == aten.mul.Tensor)
-    assert qw.is_annotated(mul)
+def test_x86_qat_trains_a_model_with_a_half_precision_mul(dtype):
+    """The shrunk QAT example: ``cat([x, (x.half() * x.half()).float()])``."""
+
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            y = x.to(dtype)
+            return torch.cat([x, (y * y).float()], 1)
+
+    x = torch.randn(2, 1)
+    gm = torch.export.export(Model().train(), (x,)).module()
+    prepared = qw.prepare_qat_pt2e(gm, qw.get_quantizer("x86", is_qat=True))
+    prepared(x)
+    qw.move_exported_model_to_eval(prepared)
+    assert torch.isfinite(qw.convert_pt2e(prepared)(x)).all()
 
 
 def test_prepare_rejects_a_spec_on_a_float64_tensor_naming_edge_and_quantizer():

@@ -182,15 +182,13 @@ def _ends_quantized_pattern(node: Node) -> bool:
     return is_annotated(node) and bool(getattr(_annotation(node), "is_output_of_quantized_pattern", False))
 
 
-# the tensors quantize_per_tensor accepts (a float64 or integer operand is left float)
-_QUANTIZABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
 def _is_float_tensor(arg: Any) -> bool:
+    """A float32 graph tensor: quantize_per_tensor rejects float64, and the QAT recipe's
+    fused fake-quantizer rejects float16 / bfloat16 (such operands are left float)."""
     if not isinstance(arg, Node):
         return False
     val = arg.meta.get("val")
-    return isinstance(val, torch.Tensor) and val.dtype in _QUANTIZABLE_DTYPES
+    return isinstance(val, torch.Tensor) and val.dtype == torch.float32
 
 
 Filter = Callable[[list[Node]], bool]
@@ -561,9 +559,9 @@ def _why_two_inputs_float(node: Node) -> str:
     op = _short(node)
     if len(node.args) != 2 or not all(_is_float_tensor(a) for a in node.args):
         dtypes = [getattr(getattr(a, "meta", {}).get("val"), "dtype", None) for a in node.args[:2]]
-        other = next((d for d in dtypes if isinstance(d, torch.dtype) and d not in _QUANTIZABLE_DTYPES), None)
+        other = next((d for d in dtypes if isinstance(d, torch.dtype) and d != torch.float32), None)
         if other is not None:
-            return f"{op} is quantized by x86 only between float32, bfloat16 or float16 tensors; an operand is {other}"
+            return f"{op} is quantized by x86 only between float32 tensors; here an operand is {other}"
         return f"{op} is quantized by x86 only between two tensors; here an operand is a scalar or constant"
     a, b = node.args
     assert isinstance(a, Node) and isinstance(b, Node)
