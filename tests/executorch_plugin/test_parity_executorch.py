@@ -1,0 +1,111 @@
+"""Peer parity of the "llm" recipe against ExecuTorch 1.5.1's own composition of the two
+quantizers (tox env ``xnnpack``, marker ``executorch``): ``get_pt2e_quantizers`` of
+``executorch.extension.llm.export.quantizer_lib`` with ``--pt2e_quantize embedding,xnnpack_dynamic``
+(torchao's ``EmbeddingQuantizer`` + ExecuTorch's ``XNNPACKQuantizer`` with a dynamic
+per-channel config, in torchao's ``ComposableQuantizer``), prepared and converted by
+torchao 0.18.
+
+On the untied decoder LM: the same annotations, the same quantize/dequantize decisions,
+identical converted outputs, and — both lowered by ``quantweave_executorch.to_executorch`` —
+programs of the same size with identical runtime outputs.
+
+Intended difference, asserted: on a tied head the peer quantizes the table twice (uint8 for
+the lookup, int8 for the head: what ``tied="own"`` reproduces exactly); the recipe's default
+``tied="share"`` quantizes it once, in the head's form.
+"""
+
+import pytest
+import torch
+
+import quantweave as qw
+import quantweave_executorch as qe
+from quantweave.testing.inspect import qdq_summary
+from quantweave.testing.models import lm_prompts, tiny_decoder_lm
+from quantweave_executorch import ExecuTorchQuantizer
+
+pytestmark = pytest.mark.executorch
+pytest.importorskip("executorch.exir", reason="needs ExecuTorch 1.5.1 (tox -e xnnpack)")
+ao = pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
+ao_quantizer = pytest.importorskip("torchao.quantization.pt2e.quantizer")
+
+KEY = "quantization_annotation"
+
+
+def peer_quantizer():
+    from executorch.extension.llm.export import quantizer_lib as lib
+
+    options = lib.get_pt2e_quantization_params("embedding,xnnpack_dynamic", None)
+    return ao_quantizer.ComposableQuantizer(lib.get_pt2e_quantizers(options))
+
+
+def spec_key(spec):
+    if spec is None:
+        return None
+    if type(spec).__name__ == "SharedQuantizationSpec":
+        target = spec.edge_or_node
+        return ("shared", tuple(n.name for n in target) if isinstance(target, tuple) else target.name)
+    ctr = spec.observer_or_fake_quant_ctr
+    observer = getattr(getattr(ctr, "p", None), "func", ctr).__name__
+    return (spec.dtype, spec.quant_min, spec.quant_max, spec.qscheme, spec.ch_axis, spec.is_dynamic, observer)
+
+
+def annotations(gm):
+    out = {}
+    for node in gm.graph.nodes:
+        annotation = node.meta.get(KEY)
+        if node.op != "call_function" or annotation is None:
+            continue
+        inputs = {p.name: spec_key(s) for p, s in annotation.input_qspec_map.items()}
+        if any(v is not None for v in inputs.values()) or annotation.output_qspec is not None:
+            out[node.name] = (inputs, spec_key(annotation.output_qspec))
+    return out
+
+
+def flow(model, prompts, quantizer, prepare, convert):
+    prepared = prepare(torch.export.export(model, (prompts[:1],)).module(), quantizer)
+    for i in range(prompts.shape[0]):
+        prepared(prompts[i : i + 1])
+    return prepared, convert(prepared)
+
+
+def _frozen(converted):
+    return sorted(
+        (n.target, tuple(getattr(converted, n.target).shape), getattr(converted, n.target).dtype)
+        for n in converted.graph.nodes
+        if n.op == "get_attr" and "frozen" in n.target
+    )
+
+
+def test_same_annotations_qparams_outputs_and_programs_as_executorchs_composition():
+    model = tiny_decoder_lm(vocab=4096)
+    prompts = lm_prompts(model, 3)
+    prepared, converted = flow(model, prompts, ExecuTorchQuantizer("llm"), qw.prepare_pt2e, qw.convert_pt2e)
+    peer_prepared, peer_converted = flow(model, prompts, peer_quantizer(), ao.prepare_pt2e, ao.convert_pt2e)
+    ours = annotations(prepared)
+    assert len(ours) == 2 + 9  # two tables, nine linears
+    assert ours == annotations(peer_prepared)
+    assert qdq_summary(converted) == qdq_summary(peer_converted)
+    assert _frozen(converted) == _frozen(peer_converted)
+    x = prompts[:1]
+    assert torch.equal(converted(x), peer_converted(x))
+    program, peer_program = qe.to_executorch(converted, (x,)), qe.to_executorch(peer_converted, (x,))
+    assert len(program.buffer) == len(peer_program.buffer)
+    assert program.kernels == peer_program.kernels and program.delegated == peer_program.delegated
+    assert torch.equal(program.load()(x)[0], peer_program.load()(x)[0])
+
+
+def test_difference_tied_head_quantized_once_not_twice():
+    model = tiny_decoder_lm(vocab=2048, tied=True)
+    prompts = lm_prompts(model, 2)
+    _, peer_converted = flow(model, prompts, peer_quantizer(), ao.prepare_pt2e, ao.convert_pt2e)
+    _, own = flow(model, prompts, ExecuTorchQuantizer("llm", tied="own"), qw.prepare_pt2e, qw.convert_pt2e)
+    _, shared = flow(model, prompts, ExecuTorchQuantizer("llm"), qw.prepare_pt2e, qw.convert_pt2e)
+    table = (2048, 128)
+
+    def tables(converted):
+        return [dtype for _, shape, dtype in _frozen(converted) if shape == table]
+
+    assert sorted(map(str, tables(peer_converted))) == ["torch.int8", "torch.uint8"]  # twice
+    assert qdq_summary(own) == qdq_summary(peer_converted) and _frozen(own) == _frozen(peer_converted)
+    assert torch.equal(own(prompts[:1]), peer_converted(prompts[:1]))
+    assert tables(shared) == [torch.int8]  # once, the head's int8 rows
