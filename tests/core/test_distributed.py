@@ -42,7 +42,28 @@ def _free_port() -> int:
 
 def launch(kind: str, out: Path, world: int = S.WORLD) -> list[dict[str, Any]]:
     """Run every rank of a launch; their results, rank by rank. In the failure launch only
-    rank 0 synchronizes (and writes a result): it is waited for, then the others are ended."""
+    rank 0 synchronizes (and writes a result): it is waited for, then the others are ended.
+    Retried once on a new port if another process took the free port first."""
+    ranks = range(world) if kind == "main" else range(1)
+    for attempt in range(2):
+        logs = _run_ranks(kind, out, world, len(ranks))
+        if attempt == 0 and any("Address already in use" in log for log in logs):
+            for rank in range(world):
+                (out / f"rank{rank}.pt").unlink(missing_ok=True)
+            continue
+        break
+    results = []
+    for rank in ranks:
+        path = out / f"rank{rank}.pt"
+        assert path.exists(), f"rank {rank} wrote no result:\n{logs[rank][-3000:] if rank < len(logs) else ''}"
+        result = torch.load(path, weights_only=False)
+        assert "crash" not in result, f"rank {rank} crashed:\n{result['crash']}"
+        results.append(result)
+    return results
+
+
+def _run_ranks(kind: str, out: Path, world: int, waited: int) -> list[str]:
+    """Start ``world`` workers, wait for the first ``waited`` (bounded), end the rest; their logs."""
     env = {
         **os.environ,
         "MASTER_ADDR": "127.0.0.1",
@@ -63,10 +84,9 @@ def launch(kind: str, out: Path, world: int = S.WORLD) -> list[dict[str, Any]]:
         for rank in range(world)
     ]
     deadline = time.monotonic() + LAUNCH_TIMEOUT
-    ranks = range(world) if kind == "main" else range(1)
     logs = []
     try:
-        for proc in procs[: len(ranks)]:
+        for proc in procs[:waited]:
             logs.append(proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
     except subprocess.TimeoutExpired:
         pytest.fail(f"launch {kind!r} did not finish within {LAUNCH_TIMEOUT} s (a hang)")
@@ -74,15 +94,8 @@ def launch(kind: str, out: Path, world: int = S.WORLD) -> list[dict[str, Any]]:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-                proc.wait()
-    results = []
-    for rank in ranks:
-        path = out / f"rank{rank}.pt"
-        assert path.exists(), f"rank {rank} wrote no result:\n{logs[rank][-3000:] if rank < len(logs) else ''}"
-        result = torch.load(path, weights_only=False)
-        assert "crash" not in result, f"rank {rank} crashed:\n{result['crash']}"
-        results.append(result)
-    return results
+            proc.communicate()
+    return logs
 
 
 @pytest.fixture(scope="module")
