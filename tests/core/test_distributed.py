@@ -259,6 +259,14 @@ def test_a_rank_failing_inside_the_call_makes_every_rank_raise(main):
         assert "rank 1: ValueError: observer activation_post_process_0" in result["error"][1]
 
 
+def test_a_rank_failing_between_the_collectives_makes_every_rank_raise_with_nothing_changed(main):
+    for rank in range(S.WORLD):
+        result = main[rank]["failure_while_merging"]
+        assert result["error"][0] == "DistributedSyncError" and result["unchanged"]
+        assert "rank 0 failed while preparing their histograms" in result["error"][1]
+    assert "here: RuntimeError: rebin failed on purpose" in main[0]["failure_while_merging"]["error"][1]
+
+
 def test_the_group_is_usable_after_those_errors(main):
     reference = one_process(S.prepared_small(S.MinMaxObserver, S.PerChannelMinMaxObserver), S.small_batches())
     for rank in range(S.WORLD):

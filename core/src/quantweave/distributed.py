@@ -379,9 +379,10 @@ def _sum_payload(
     entries: list[_Entry],
     modules: dict[str, torch.nn.Module],
     ranges: dict[str, tuple[torch.Tensor, torch.Tensor]],
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, Exception | None]:
     """[failed flag per rank] + per moving average [min, max, 1] (zeros without data) + per
-    histogram [histogram on the global range, 1 if re-binned]."""
+    histogram [histogram on the global range, 1 if re-binned]; and this rank's error, if
+    preparing them failed (then it sends zeros and its flag, so no rank waits)."""
     flags = torch.zeros(comm.world_size, dtype=torch.float64)
     parts: list[torch.Tensor] = []
     try:
@@ -412,11 +413,11 @@ def _sum_payload(
                 new_hi = hi.to(dtype=state.max_val.dtype, device=state.max_val.device).reshape(state.max_val.shape)
                 histogram = rebin_histogram(state, histogram, state.min_val, state.max_val, new_lo, new_hi)
             parts += [_flat(histogram), torch.tensor([0.0 if same else 1.0], dtype=torch.float64)]
-    except Exception:  # tell the other ranks instead of leaving them waiting
+    except Exception as error:  # tell the other ranks instead of leaving them waiting
         flags[comm.rank] = 1.0
         total = sum(_sum_width(e) for e in entries)
-        return torch.cat([flags, torch.zeros(total, dtype=torch.float64)])
-    return torch.cat([flags, *parts])
+        return torch.cat([flags, torch.zeros(total, dtype=torch.float64)]), error
+    return torch.cat([flags, *parts]), None
 
 
 def _sum_width(entry: _Entry) -> int:
@@ -460,14 +461,15 @@ def _merge(
     minimum = _min_payload(entries, modules)
     reduced_min = comm.reduce(minimum, "min", api, "all-reduce min/max")
     ranges = _global_ranges(entries, reduced_min)
-    summed = _sum_payload(comm, entries, modules, ranges)
+    summed, error = _sum_payload(comm, entries, modules, ranges)
     reduced_sum = comm.reduce(summed, "sum", api, "all-reduce histograms/moving averages")
     failed = [rank for rank in range(comm.world_size) if reduced_sum[rank] > 0]
     if failed:
+        here = f" (here: {type(error).__name__}: {error})" if error is not None else " (see the error there)"
         raise DistributedSyncError(
-            f"{api}: {_ranks(failed)} failed while preparing their histograms / moving averages "
-            "(see the error on that rank); observers were left as they were"
-        )
+            f"{api}: {_ranks(failed)} failed while preparing their histograms / moving averages{here}; "
+            "observers were left as they were"
+        ) from error
     new: dict[str, _NewState] = {}
     rebinned: list[str] = []
     averaged: list[str] = []

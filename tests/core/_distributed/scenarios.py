@@ -341,6 +341,27 @@ def scenario_local_failure(rank: int) -> dict[str, Any]:
     return _expect_sync_error(prepared)
 
 
+def scenario_failure_while_merging(rank: int) -> dict[str, Any]:
+    """Rank 0 fails after the first all-reduce, while re-binning its histograms (its shard
+    has the smaller values, so its ranges are the ones to widen): every rank raises at the
+    second all-reduce, nothing is written, and the group stays usable."""
+    import quantweave.distributed as qwd
+
+    prepared = prepared_small(HistogramObserver, PerChannelMinMaxObserver)
+    calibrate(prepared, small_batches()[rank::2])  # the ranks' ranges differ: re-binning runs
+    original = qwd.rebin_histogram
+
+    def broken(*args: Any) -> torch.Tensor:
+        raise RuntimeError("rebin failed on purpose")
+
+    if rank == 0:
+        qwd.rebin_histogram = broken  # type: ignore[assignment]
+    try:
+        return _expect_sync_error(prepared)
+    finally:
+        qwd.rebin_histogram = original  # type: ignore[assignment]
+
+
 def scenario_qat(rank: int) -> dict[str, Any]:
     prepared = prepared_small(*QAT, qat=True)
     for batch in small_batches()[rank::2]:
