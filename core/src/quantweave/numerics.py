@@ -1,15 +1,16 @@
 """Per-op numeric debugger: which quantized op loses how much, worst first.
 
 ``compare(float_model, quantized_model, inputs)`` runs the exported float model and the
-converted model on the same inputs and, for every op of the converted model that
-quantization touches (an input read through ``dequantize``, or an output that is
-quantized), reports two errors against the float op it stands for:
+converted model on the same inputs and, for every op of the converted model that reads a
+quantized tensor (an input through ``dequantize``: an activation or a weight), reports two
+errors against the float op it stands for:
 
-- **op** (``sqnr_db``, ``max_abs_error``): the op alone, quantized exactly as in the
-  converted model (the same qparams, the same int8 weights, its output quantized if the
-  converted model quantizes it), fed with the *float* model's values of its inputs. This
-  isolates what quantizing this op costs and is what the ranking (worst first) and
-  :func:`quantweave.fallback` use;
+- **op** (``sqnr_db``, ``max_abs_error``): the op alone, reading its inputs quantized
+  exactly as in the converted model (the same qparams, the same int8 weights) from the
+  *float* model's values. Each quantize/dequantize of the model is counted once, by the op
+  that reads it (a tensor the model returns quantized is counted by the op producing it),
+  so this isolates what quantizing the tensors this op reads costs; it is what the ranking
+  (worst first) and :func:`quantweave.fallback` use;
 - **model** (``cumulative_sqnr_db``, ``cumulative_max_abs_error``): the converted model's
   own value at that op (every error before it included), as its consumers see it.
 
@@ -56,9 +57,10 @@ class OpNumerics:
     aten op; ``module``: the ``nn.Module`` path it comes from (``nn_module_stack``);
     ``compared_with``: the float node whose output it is compared with (itself, or the
     batch norm folded into it); ``inputs_quantized`` / ``output_quantized``: what the
-    converted model quantizes around it; ``sqnr_db`` / ``max_abs_error``: the op alone on
-    float inputs; ``cumulative_*``: the converted model's value at this op. SQNR is
-    ``inf`` for an exact match."""
+    converted model quantizes around it; ``sqnr_db`` / ``max_abs_error``: the op alone,
+    reading its quantized inputs made from the float model's values; ``cumulative_*``: the
+    converted model's value at this op, as its consumers read it. SQNR is ``inf`` for an
+    exact match."""
 
     node: str
     op: str
@@ -212,6 +214,20 @@ class _Machinery:
             return isinstance(source, Node) and source.target in self.choose
         return False
 
+    def returned_dq(self, node: Node) -> Node | None:
+        """The dequantize of ``node``'s quantized output that the model returns, if any."""
+        for user in node.users:
+            if user.op != "call_function" or user.target not in self.quantize:
+                continue
+            for dq in user.users:
+                if (
+                    dq.op == "call_function"
+                    and dq.target in self.dequantize
+                    and any(u.op == "output" for u in dq.users)
+                ):
+                    return dq
+        return None
+
     def quantized_output_dq(self, node: Node) -> Node | None:
         """The dequantize a quantized output is read through: ``node``'s users are all
         quantize ops; the first dequantize of the first of them."""
@@ -314,14 +330,18 @@ def compare(
     quantized_names = {n.name for n in quantized_model.graph.nodes}
 
     # the converted model's ops that quantization touches, and what each is compared with
-    plan: list[tuple[Node, Node, int, Node | None]] = []  # (node, float counterpart, #dq inputs, output dq)
+    # (node, float counterpart, #dq inputs, the dq its consumers read, the dq the op's own error includes)
+    plan: list[tuple[Node, Node, int, Node | None, Node | None]] = []
     unmatched: list[tuple[str, str]] = []
     for node in quantized_model.graph.nodes:
         if node.op != "call_function" or machinery.is_machinery(node):
             continue
         dq_inputs = sum(1 for a in node.all_input_nodes if a.op == "call_function" and a.target in machinery.dequantize)
         output_dq = machinery.quantized_output_dq(node)
-        if not dq_inputs and output_dq is None:
+        # an output quantization is counted where it is read: in the consuming op's own error
+        # (its dequantized input), or here when the model returns it
+        own_output_dq = machinery.returned_dq(node)
+        if not dq_inputs and own_output_dq is None:
             continue
         float_node = float_nodes.get(node.name)
         if float_node is None:
@@ -331,7 +351,8 @@ def compare(
         if mismatch is not None:
             unmatched.append((node.name, mismatch))
             continue
-        plan.append((node, _float_counterpart(node.name, float_nodes, quantized_names), dq_inputs, output_dq))
+        counterpart = _float_counterpart(node.name, float_nodes, quantized_names)
+        plan.append((node, counterpart, dq_inputs, output_dq, own_output_dq))
 
     local = {node: _Stats() for node, *_ in plan}
     cumulative = {node: _Stats() for node, *_ in plan}
@@ -341,7 +362,7 @@ def compare(
         quant_values = _run(quantized_model, batch)
         float_by_name = {n.name: v for n, v in float_values.items()}
         with torch.no_grad():
-            for node, counterpart, _, output_dq in plan:
+            for node, counterpart, _, output_dq, own_output_dq in plan:
                 reference = float_values[counterpart]
                 if not isinstance(reference, torch.Tensor):
                     continue
@@ -349,7 +370,9 @@ def compare(
                 cumulative[node].add(reference, seen)
                 local[node].add(
                     reference,
-                    _local_value(node, output_dq, quant_values, float_by_name, float_nodes, quantized_names, machinery),
+                    _local_value(
+                        node, own_output_dq, quant_values, float_by_name, float_nodes, quantized_names, machinery
+                    ),
                 )
 
     ops = [
@@ -365,7 +388,7 @@ def compare(
             cumulative_sqnr_db=cumulative[node].sqnr_db,
             cumulative_max_abs_error=cumulative[node].max_abs,
         )
-        for node, counterpart, dq_inputs, output_dq in plan
+        for node, counterpart, dq_inputs, output_dq, _ in plan
     ]
     ops.sort(key=lambda o: (o.sqnr_db, o.cumulative_sqnr_db))
     return NumericsReport(tuple(ops), tuple(unmatched), len(batches))
@@ -382,7 +405,8 @@ def _local_value(
 ) -> torch.Tensor:
     """``node`` run alone: its quantize/dequantize inputs recomputed on the float model's
     values of their sources, constants (int8 weights, qparams) from the converted model,
-    and its output quantized then dequantized as in the converted model."""
+    and, when ``output_dq`` is given (the model returns the quantized output), its output
+    quantized then dequantized as in the converted model."""
     memo: dict[Node, Any] = {}
 
     def value(arg: Node) -> Any:
