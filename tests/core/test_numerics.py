@@ -272,3 +272,32 @@ def test_fallback_says_when_the_drop_cannot_be_met():
         qw.fallback(_net(), X86InductorQuantizer(), data, lambda m: 0.0, 0.1)
     with pytest.raises(ValueError, match="max_drop"):
         qw.fallback(exported, X86InductorQuantizer(), data, lambda m: 0.0, -1)
+
+
+@pytest.mark.parametrize(
+    ("quantizer", "fold"),
+    [(X86InductorQuantizer(), False), (X86InductorQuantizer(is_dynamic=True), True)],
+    ids=["weights-not-folded", "dynamic"],
+)
+def test_compare_reads_unfolded_weights_and_dynamic_quantization(exported, quantizer, fold):
+    data = _data()
+    prepared = qw.prepare_pt2e(exported, quantizer)
+    for batch in data:
+        prepared(*batch)
+    report = qw.compare(exported, qw.convert_pt2e(prepared, fold_quantize=fold), data)
+    assert report.unmatched == ()
+    assert "linear" in report.by_node() and all(15 < op.sqnr_db < math.inf for op in report.ops)
+
+
+def test_fallback_on_a_composition():
+    data = _data()
+    exported = torch.export.export(_net(outlier=500.0), data[0]).module()
+    score = _sqnr_score(exported, data)
+    composed = qw.ComposableQuantizer([make_reference_quantizer(), X86InductorQuantizer()])
+    result = qw.fallback(exported, composed, data, lambda m: min(score(m), 60.0), max_drop=40.0)
+    assert result.met and [u.nodes for u in result.left_float] == [("conv2d_1", "relu_1")]
+    rows = {
+        r.node: r
+        for r in qw.annotation_report(qw.prepare_pt2e(exported, qw.LeaveFloat(composed, ["conv2d_1"])), composed).nodes
+    }
+    assert rows["conv2d_1"].status == "float" and rows["conv2d"].status == "quantized"
