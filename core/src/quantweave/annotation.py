@@ -17,6 +17,7 @@ changing import paths only. Every spec validates itself on construction and rais
 
 from __future__ import annotations
 
+import math
 from abc import ABC
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -194,8 +195,9 @@ class FixedQParamsQuantizationSpec(QuantizationSpecBase):
         _check_qscheme(kind, self.qscheme, None)
         if is_per_channel(self.qscheme):
             raise ValueError(f"{kind}: qscheme must be per-tensor; got {self.qscheme}")
-        if not isinstance(self.scale, (int, float)) or not self.scale > 0:
-            raise ValueError(f"{kind}: scale must be a positive number; got {self.scale!r}")
+        if not isinstance(self.scale, (int, float)) or not 0 < self.scale < math.inf:
+            finite = " (not finite)" if self.scale == math.inf else ""
+            raise ValueError(f"{kind}: scale must be a positive number; got {self.scale!r}{finite}")
         lo, hi = dtype_range(self.dtype)
         lo = lo if self.quant_min is None else self.quant_min
         hi = hi if self.quant_max is None else self.quant_max

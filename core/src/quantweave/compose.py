@@ -98,9 +98,18 @@ class ComposableQuantizer(Quantizer):
         self.quantizers = members
         self.name = "+".join(self.labels)
 
+    def _member_call(self, label: str, member: Quantizer, hook: str, *args: Any) -> Any:
+        """Call a member's hook; an exception it raises keeps its class and gets a note
+        naming the member."""
+        try:
+            return getattr(member, hook)(*args)
+        except Exception as exc:
+            exc.add_note(f"raised by member {label!r} of ComposableQuantizer {self.name!r}")
+            raise
+
     def transform_for_annotation(self, model: GraphModule) -> GraphModule:
         for member, label in zip(self.quantizers, self.labels, strict=True):
-            model = member.transform_for_annotation(model)
+            model = self._member_call(label, member, "transform_for_annotation", model)
             if not isinstance(model, GraphModule):
                 raise TypeError(
                     f"quantizer {label!r}: transform_for_annotation must return a GraphModule; "
@@ -116,7 +125,7 @@ class ComposableQuantizer(Quantizer):
             if isinstance(annotation, QuantizationAnnotation):
                 seen[node] = (annotation, _value(annotation), "<pre-existing>")
         for member, label in zip(self.quantizers, self.labels, strict=True):
-            member.annotate(model)
+            self._member_call(label, member, "annotate", model)
             for node, (annotation, value, owner) in seen.items():
                 current = node.meta.get(ANNOTATION_KEY)
                 if current is None:
@@ -141,14 +150,14 @@ class ComposableQuantizer(Quantizer):
         return model
 
     def validate(self, model: GraphModule) -> None:
-        for member in self.quantizers:
-            member.validate(model)
+        for member, label in zip(self.quantizers, self.labels, strict=True):
+            self._member_call(label, member, "validate", model)
 
     def prepare_obs_or_fq_callback(
         self, model: GraphModule, edge_or_node_to_obs_or_fq: dict[EdgeOrNode, torch.nn.Module]
     ) -> None:
-        for member in self.quantizers:
-            member.prepare_obs_or_fq_callback(model, edge_or_node_to_obs_or_fq)
+        for member, label in zip(self.quantizers, self.labels, strict=True):
+            self._member_call(label, member, "prepare_obs_or_fq_callback", model, edge_or_node_to_obs_or_fq)
 
     def capability_table(self) -> list[CapabilityRow]:
         """One row per declared (pattern, mode), computed from the patterns the members

@@ -223,7 +223,7 @@ def _replace_observer(
 
     q_args: tuple[Any, ...]
     if id(module) not in qparams_cache:
-        qparams_cache[id(module)] = module.calculate_qparams()  # type: ignore[operator]
+        qparams_cache[id(module)] = _qparams(module, name, source)
     scale_t, zero_point_t = qparams_cache[id(module)]
     group_size = getattr(module, "group_size", None)
     dq_extra: tuple[Any, ...] = ()
@@ -269,6 +269,23 @@ def _replace_observer(
     dequant.meta["val"] = val
     node.replace_all_uses_with(dequant)
     graph.erase_node(node)
+
+
+def _qparams(module: torch.nn.Module, name: str, source: Node) -> tuple[Any, Any]:
+    """The observer's (scale, zero_point); a failing calculation (e.g. a derived spec's
+    function) or a scale that is not positive and finite raises ConvertError naming both."""
+    where = f"{name} (observes {source.name!r})"
+    try:
+        scale, zero_point = module.calculate_qparams()  # type: ignore[operator]
+    except Exception as exc:
+        raise ConvertError(f"{where}: calculate_qparams failed: {type(exc).__name__}: {exc}") from exc
+    scale_t = torch.as_tensor(scale, dtype=torch.float64)
+    zero_point_t = torch.as_tensor(zero_point, dtype=torch.float64)
+    if scale_t.numel() == 0 or not bool(torch.isfinite(scale_t).all() and (scale_t > 0).all()):
+        raise ConvertError(f"{where}: scale must be positive and finite; got {scale!r}")
+    if not bool(torch.isfinite(zero_point_t).all()):
+        raise ConvertError(f"{where}: zero_point must be finite; got {zero_point!r}")
+    return scale, zero_point
 
 
 def _one_dequantize_per_user(gm: GraphModule) -> None:

@@ -66,9 +66,31 @@ def prepare_qat_pt2e(model: GraphModule, quantizer: Quantizer) -> GraphModule:
     return _prepare(model, quantizer, is_qat=True)
 
 
+_HOOKS = ("transform_for_annotation", "annotate", "validate", "prepare_obs_or_fq_callback")
+
+
+def _check_quantizer(quantizer: object, api: str) -> None:
+    missing = [hook for hook in _HOOKS if not callable(getattr(quantizer, hook, None))]
+    if missing:
+        raise TypeError(
+            f"{api} expects a quantweave.Quantizer; got {type(quantizer).__name__} (no {', '.join(missing)} method)"
+        )
+
+
+def _hook(quantizer: Quantizer, hook: str, api: str, *args: Any) -> Any:
+    """Call one of the quantizer's hooks; an exception it raises keeps its class and gets a
+    note naming the quantizer and the hook."""
+    try:
+        return getattr(quantizer, hook)(*args)
+    except Exception as exc:
+        exc.add_note(f"raised in {hook}() of quantizer {_label(None, quantizer)!r}, called by quantweave.{api}")
+        raise
+
+
 def _prepare(model: GraphModule, quantizer: Quantizer, is_qat: bool) -> GraphModule:
     api = "prepare_qat_pt2e" if is_qat else "prepare_pt2e"
     check_graph_module(model, api)
+    _check_quantizer(quantizer, api)
     gm, node_map = copy_graph_module(model)
     # annotations made on the caller's graph before prepare name the caller's nodes: the
     # copy gets its own annotation objects, naming its own nodes
@@ -77,21 +99,21 @@ def _prepare(model: GraphModule, quantizer: Quantizer, is_qat: bool) -> GraphMod
         _own_tensors(gm)
     else:
         fold_batch_norm(gm)
-    transformed = quantizer.transform_for_annotation(gm)
+    transformed = _hook(quantizer, "transform_for_annotation", api, gm)
     if not isinstance(transformed, GraphModule):
         raise TypeError(
             f"{type(quantizer).__name__}.transform_for_annotation must return a GraphModule; "
             f"got {type(transformed).__name__}"
         )
     gm = transformed
-    quantizer.annotate(gm)
-    quantizer.validate(gm)
+    _hook(quantizer, "annotate", api, gm)
+    _hook(quantizer, "validate", api, gm)
     if is_qat:
         simulate_conv_bn(gm)
     specs = collect_specs(gm.graph)
     _check_observed_tensors(gm, specs, quantizer)
     observers = build_observers(specs, is_qat=is_qat)
-    quantizer.prepare_obs_or_fq_callback(gm, observers)
+    _hook(quantizer, "prepare_obs_or_fq_callback", api, gm, observers)
     _insert_observers(gm, observers)
     return rebuild(gm)
 
@@ -133,11 +155,12 @@ def _check_observed_tensors(gm: GraphModule, specs: dict[EdgeOrNode, Any], quant
         )
 
 
-def _label(key: EdgeOrNode, quantizer: Quantizer) -> str:
-    node = key[1] if isinstance(key, tuple) else key
-    by = node.meta.get(ANNOTATED_BY_KEY)
-    if isinstance(by, str):
-        return by
+def _label(key: EdgeOrNode | None, quantizer: Quantizer) -> str:
+    if key is not None:
+        node = key[1] if isinstance(key, tuple) else key
+        by = node.meta.get(ANNOTATED_BY_KEY)
+        if isinstance(by, str):
+            return by
     name = getattr(quantizer, "name", None)
     return name if isinstance(name, str) and name else type(quantizer).__name__
 

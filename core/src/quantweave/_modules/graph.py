@@ -51,7 +51,45 @@ def copy_graph_module(model: GraphModule) -> tuple[GraphModule, dict[Node, Node]
     # working copies are never called; rebuild() makes the final, eagerly compiled module)
     result = lazy_graph_module(model, graph)
     result.meta.update(model.meta)
+    # a tensor the graph writes in place (a buffer updated in forward) is the copy's own:
+    # running the copy must not change the model it was copied from
+    with torch.no_grad():
+        for target in sorted(mutated_attrs(graph)):
+            value = get_attr_value(result, target)
+            if isinstance(value, torch.nn.Parameter):
+                set_attr_value(result, target, torch.nn.Parameter(value.detach().clone(), value.requires_grad))
+            elif isinstance(value, torch.Tensor):
+                set_attr_value(result, target, value.detach().clone())
     return result, node_map
+
+
+def mutated_attrs(graph: Graph) -> set[str]:
+    """Targets of the ``get_attr`` nodes whose tensors ``graph`` writes in place, directly or
+    through a view (``buffer.add_(1)``, ``buffer[0].copy_(x)``)."""
+    targets: set[str] = set()
+    for node in graph.nodes:
+        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        if schema is None:
+            continue
+        written = [
+            node.args[i] if i < len(node.args) else node.kwargs.get(argument.name)
+            for i, argument in enumerate(schema.arguments)
+            if argument.alias_info is not None and argument.alias_info.is_write
+        ]
+        if node.target == torch.ops.aten.batch_norm.default and len(node.args) > 5 and node.args[5] is True:
+            written += node.args[3:5]  # training batch norm updates its running statistics (unannotated)
+        for value in written:
+            pending = list(iter_input_nodes(value))
+            while pending:
+                base = pending.pop()
+                if base.op == "get_attr":
+                    targets.add(str(base.target))
+                    continue
+                base_schema = getattr(base.target, "_schema", None) if base.op == "call_function" else None
+                returns = getattr(base_schema, "returns", None)
+                if returns and returns[0].alias_info is not None and base.args:  # a view of its first input
+                    pending.extend(iter_input_nodes(base.args[0]))
+    return targets
 
 
 def rebuild(model: GraphModule) -> GraphModule:

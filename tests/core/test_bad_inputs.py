@@ -1,0 +1,586 @@
+"""The bad-input corpus (issue #16): malformed annotations, quantizers that raise in each
+hook, and awkward models. Each case ends in a clear error (the exact class, naming the
+node, edge, option or quantizer) or a correct result, and nothing of the caller's is lost:
+the exported model (graph, node meta, parameters and buffers) and the inputs are as they
+were.
+
+What quantweave guarantees for what it does not own: ``torch.export`` failing on an
+untraceable model raises torch's own error (quantweave is not involved yet); handing
+``prepare_pt2e`` anything but the ``GraphModule`` of ``torch.export.export(...).module()``
+(the ``nn.Module`` itself, the ``ExportedProgram``) raises ``TypeError`` naming what it got.
+An exception raised by a quantizer's own hook keeps its class (a ``validate`` that rejects
+a model with ``ValueError`` still raises ``ValueError``) and carries a note naming the
+quantizer (and, in a composition, the member) and the hook.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch.fx import GraphModule, Node
+
+import quantweave as qw
+from quantweave.observers import MinMaxObserver
+
+aten = torch.ops.aten
+KEY = "quantization_annotation"
+ACT = qw.QuantizationSpec(dtype=torch.uint8, observer_or_fake_quant_ctr=MinMaxObserver)
+
+
+class Snapshot:
+    """What a module looks like: generated code, node names and meta, attributes, state."""
+
+    def __init__(self, gm: GraphModule) -> None:
+        self.code = gm.code
+        self.nodes = [(n.name, dict(n.meta)) for n in gm.graph.nodes]
+        self.attrs = sorted(name for name, _ in gm.named_modules()) + sorted(gm.state_dict())
+        self.state = {k: v.detach().clone() for k, v in gm.state_dict().items()}
+
+    @classmethod
+    def of(cls, gm: GraphModule) -> Snapshot:
+        return cls(gm)
+
+    def differences(self, gm: GraphModule) -> list[str]:
+        now = Snapshot(gm)
+        out = [what for what in ("code", "nodes", "attrs") if getattr(now, what) != getattr(self, what)]
+        out += [f"state {k!r}" for k, v in self.state.items() if not torch.equal(now.state.get(k, v + 1), v)]
+        return out
+
+
+def clone_inputs(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    return tuple(x.clone() for x in inputs)
+
+
+def inputs_unchanged(before: tuple[torch.Tensor, ...], after: tuple[torch.Tensor, ...]) -> bool:
+    return all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+class FnQuantizer(qw.Quantizer):
+    """Annotates with a function; ``raises`` maps a hook name to the exception it raises."""
+
+    name = "corpus"
+
+    def __init__(self, fn: Callable[[GraphModule], None] | None = None, raises: dict[str, Exception] | None = None):
+        self.fn = fn
+        self.raises = raises or {}
+
+    def _maybe_raise(self, hook: str) -> None:
+        if hook in self.raises:
+            raise self.raises[hook]
+
+    def transform_for_annotation(self, model):
+        self._maybe_raise("transform_for_annotation")
+        return model
+
+    def annotate(self, model):
+        self._maybe_raise("annotate")
+        if self.fn is not None:
+            self.fn(model)
+        return model
+
+    def validate(self, model):
+        self._maybe_raise("validate")
+
+    def prepare_obs_or_fq_callback(self, model, edge_or_node_to_obs_or_fq):
+        self._maybe_raise("prepare_obs_or_fq_callback")
+
+    def quantization_capabilities(self):
+        self._maybe_raise("quantization_capabilities")
+        return ()
+
+
+class ConvLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.linear = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        a, b = torch.split(y, [2, 2], 1)
+        return self.linear(torch.cat([b, a], 1).mean((2, 3)))
+
+
+def _export(model: torch.nn.Module, *args: torch.Tensor, **kwargs: Any) -> GraphModule:
+    return torch.export.export(model.eval(), args, **kwargs).module()
+
+
+def _node(gm: GraphModule, target: Any) -> Node:
+    return next(n for n in gm.graph.nodes if n.target == target)
+
+
+class Caller:
+    """The caller's exported model and inputs, snapshotted, to check nothing was lost."""
+
+    def __init__(self, model: torch.nn.Module | None = None, *inputs: torch.Tensor, **kwargs: Any):
+        model = ConvLinear() if model is None else model
+        self.inputs = inputs or (torch.randn(2, 3, 8, 8),)
+        self.gm = _export(model, *self.inputs, **kwargs)
+        self.snapshot = Snapshot.of(self.gm)
+        self.copies = clone_inputs(self.inputs)
+
+    def assert_untouched(self) -> None:
+        assert self.snapshot.differences(self.gm) == []
+        assert all(KEY not in n.meta for n in self.gm.graph.nodes)
+        assert inputs_unchanged(self.copies, self.inputs)
+
+
+def _flow(caller: Caller, quantizer: Any) -> torch.Tensor:
+    prepared = qw.prepare_pt2e(caller.gm, quantizer)
+    prepared(*caller.inputs)
+    return qw.convert_pt2e(prepared)(*caller.inputs)
+
+
+# -- malformed annotations --------------------------------------------------------------------
+
+
+def _annotate_conv_input(spec: Any) -> Callable[[GraphModule], None]:
+    def fn(gm):
+        conv = _node(gm, aten.conv2d.default)
+        conv.meta[KEY] = qw.QuantizationAnnotation(input_qspec_map={conv.args[0]: spec})
+
+    return fn
+
+
+def _wrong_annotation_type(gm):
+    _node(gm, aten.conv2d.default).meta[KEY] = {"input_qspec_map": {}}
+
+
+def _output_spec_of_wrong_type(gm):
+    _node(gm, aten.linear.default).meta[KEY] = qw.QuantizationAnnotation(output_qspec="uint8")
+
+
+def _key_not_an_input(gm):
+    conv, linear = _node(gm, aten.conv2d.default), _node(gm, aten.linear.default)
+    linear.meta[KEY] = qw.QuantizationAnnotation(input_qspec_map={conv: ACT})
+
+
+def _key_not_a_node(gm):
+    _node(gm, aten.conv2d.default).meta[KEY] = qw.QuantizationAnnotation(input_qspec_map={"x": ACT})
+
+
+def _spec_on_a_list_output(gm):  # split_with_sizes returns a list of tensors
+    qw.annotate_output_qspec(_node(gm, aten.split_with_sizes.default), ACT)
+
+
+def _spec_on_an_int_input(gm):
+    embedding = _node(gm, aten.embedding.default)
+    qw.annotate_input_qspec_map(embedding, embedding.args[1], ACT)
+
+
+def _shared_with_an_erased_node(gm):
+    conv = _node(gm, aten.conv2d.default)
+    with gm.graph.inserting_before(conv):
+        ghost = gm.graph.call_function(aten.relu.default, (conv.args[0],))
+    gm.graph.erase_node(ghost)
+    qw.annotate_input_qspec_map(conv, conv.args[0], qw.SharedQuantizationSpec(ghost))
+
+
+def _shared_with_a_node_of_another_graph(gm):
+    other = _export(ConvLinear(), torch.randn(1, 3, 8, 8))
+    conv = _node(gm, aten.conv2d.default)
+    qw.annotate_input_qspec_map(conv, conv.args[0], qw.SharedQuantizationSpec(_node(other, aten.conv2d.default)))
+
+
+def _shared_with_an_unannotated_edge(gm):
+    conv, relu = _node(gm, aten.conv2d.default), _node(gm, aten.relu.default)
+    qw.annotate_input_qspec_map(relu, conv, qw.SharedQuantizationSpec((conv.args[0], conv)))
+
+
+def _cyclic_shared(gm):
+    conv, relu = _node(gm, aten.conv2d.default), _node(gm, aten.relu.default)
+    qw.annotate_output_qspec(conv, qw.SharedQuantizationSpec(relu))
+    qw.annotate_output_qspec(relu, qw.SharedQuantizationSpec(conv))
+
+
+def _cyclic_derived(gm):
+    conv, relu = _node(gm, aten.conv2d.default), _node(gm, aten.relu.default)
+
+    def derive(observers):
+        return torch.tensor([1.0]), torch.tensor([0])
+
+    qw.annotate_output_qspec(conv, qw.DerivedQuantizationSpec([relu], derive, torch.int32))
+    qw.annotate_output_qspec(relu, qw.DerivedQuantizationSpec([conv], derive, torch.int32))
+
+
+def _observer_that_cannot_be_built(gm):
+    conv = _node(gm, aten.conv2d.default)
+
+    def ctr(**kwargs):
+        raise RuntimeError("no such observer")
+
+    qw.annotate_input_qspec_map(
+        conv, conv.args[0], qw.QuantizationSpec(dtype=torch.uint8, observer_or_fake_quant_ctr=ctr)
+    )
+
+
+#: (case, annotate, exception class, regex the message must match: it names the node/edge)
+PREPARE_ERRORS = [
+    ("annotation of a wrong type", _wrong_annotation_type, qw.AnnotationError, r"node 'conv2d'.*got dict"),
+    ("input spec of a wrong type", _annotate_conv_input("uint8"), qw.AnnotationError, r"edge 'x' -> 'conv2d'.*got str"),
+    (
+        "input spec that is a QuantizationConfig",
+        _annotate_conv_input(qw.QuantizationConfig(ACT, ACT, None, None)),
+        qw.AnnotationError,
+        r"edge 'x' -> 'conv2d'.*got QuantizationConfig",
+    ),
+    ("output spec of a wrong type", _output_spec_of_wrong_type, qw.AnnotationError, r"output of 'linear'.*got str"),
+    ("input key that is not an input", _key_not_an_input, qw.AnnotationError, r"node 'linear'.*'conv2d'.*not one of"),
+    ("input key that is not a node", _key_not_a_node, qw.AnnotationError, r"node 'conv2d'.*'x'.*not one of"),
+    ("spec on a list output", _spec_on_a_list_output, qw.AnnotationError, r"'split_with_sizes'.*list, not a tensor"),
+    ("shared with an erased node", _shared_with_an_erased_node, qw.SharingError, r"edge 'x' -> 'conv2d'.*'relu"),
+    ("shared with another graph", _shared_with_a_node_of_another_graph, qw.SharingError, r"edge 'x' -> 'conv2d'"),
+    ("shared with an unannotated edge", _shared_with_an_unannotated_edge, qw.SharingError, r"'conv2d' -> 'relu'"),
+    ("cyclic shared specs", _cyclic_shared, qw.SharingError, r"output of 'conv2d'.*output of 'relu'"),
+    ("cyclic derived specs", _cyclic_derived, qw.SharingError, r"cyclic DerivedQuantizationSpec.*'conv2d'.*'relu'"),
+    (
+        "observer that cannot be built",
+        _observer_that_cannot_be_built,
+        qw.AnnotationError,
+        r"'conv2d'.*no such observer",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "annotate", "error", "message"), PREPARE_ERRORS, ids=[c[0] for c in PREPARE_ERRORS])
+def test_malformed_annotation_raises_naming_the_node(case, annotate, error, message):
+    caller = Caller()
+    with pytest.raises(error, match=message) as info:
+        qw.prepare_pt2e(caller.gm, FnQuantizer(annotate))
+    assert type(info.value) is error, f"{case}: raised {type(info.value).__name__}, expected exactly {error.__name__}"
+    caller.assert_untouched()
+
+
+def test_spec_on_an_integer_input_raises_naming_the_edge_and_dtype():
+    caller = Caller(torch.nn.Embedding(10, 4), torch.randint(0, 10, (2, 3)))
+    with pytest.raises(qw.AnnotationError, match=r"edge 'input\w*' -> 'embedding'.*'corpus'.*torch\.int64") as info:
+        qw.prepare_pt2e(caller.gm, FnQuantizer(_spec_on_an_int_input))
+    assert type(info.value) is qw.AnnotationError
+    caller.assert_untouched()
+
+
+def test_spec_on_a_symbolic_size_raises_naming_the_edge():
+    class Reshape(torch.nn.Module):
+        def forward(self, x):
+            return x.reshape(x.shape[0], -1)
+
+    batch = torch.export.Dim("batch", min=2)
+    caller = Caller(Reshape(), torch.randn(2, 3, 4), dynamic_shapes=({0: batch},))
+
+    def annotate(gm):
+        reshape = _node(gm, aten.reshape.default)
+        size = next(n for n in reshape.all_input_nodes if n.target == aten.sym_size.int)
+        qw.annotate_input_qspec_map(reshape, size, ACT)
+
+    with pytest.raises(qw.AnnotationError, match=r"edge 'sym_size_int\w*' -> 'reshape'.*SymInt, not a tensor"):
+        qw.prepare_pt2e(caller.gm, FnQuantizer(annotate))
+    caller.assert_untouched()
+
+
+# -- derived and fixed specs with bad qparams -------------------------------------------------
+
+
+def _derived_output(derive: Callable[[list[Any]], Any]) -> Callable[[GraphModule], None]:
+    def fn(gm):
+        linear = _node(gm, aten.linear.default)
+        qw.annotate_input_qspec_map(linear, linear.args[0], ACT)
+        qw.annotate_output_qspec(
+            linear, qw.DerivedQuantizationSpec([(linear.args[0], linear)], derive, torch.uint8, 0, 255)
+        )
+
+    return fn
+
+
+def _raises(observers):
+    raise ZeroDivisionError("the derivation divides by zero")
+
+
+def _negative(observers):
+    return torch.tensor([-0.5]), torch.tensor([0])
+
+
+def _zero(observers):
+    return torch.tensor([0.0]), torch.tensor([0])
+
+
+def _nan(observers):
+    return torch.tensor([float("nan")]), torch.tensor([0])
+
+
+@pytest.mark.parametrize(
+    ("derive", "message"),
+    [
+        (_raises, r"'linear'.*ZeroDivisionError: the derivation divides by zero"),
+        (_negative, r"'linear'.*scale must be positive and finite"),
+        (_zero, r"'linear'.*scale must be positive and finite"),
+        (_nan, r"'linear'.*scale must be positive and finite"),
+    ],
+    ids=["raises", "negative scale", "zero scale", "nan scale"],
+)
+def test_derived_spec_with_a_failing_function_raises_convert_error_naming_the_node(derive, message):
+    caller = Caller()
+    prepared = qw.prepare_pt2e(caller.gm, FnQuantizer(_derived_output(derive)))
+    prepared(*caller.inputs)
+    prepared_snapshot = Snapshot.of(prepared)
+    with pytest.raises(qw.ConvertError, match=message):
+        qw.convert_pt2e(prepared)
+    assert prepared_snapshot.differences(prepared) == []
+    caller.assert_untouched()
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("inf"), float("nan"), "1"])
+def test_fixed_spec_with_a_bad_scale_is_rejected_on_construction(scale):
+    with pytest.raises(ValueError, match=r"FixedQParamsQuantizationSpec: scale must be a positive number; got"):
+        qw.FixedQParamsQuantizationSpec(dtype=torch.uint8, scale=scale, zero_point=0)
+
+
+@pytest.mark.parametrize("zero_point", [-1, 256, 1.5])
+def test_fixed_spec_with_a_bad_zero_point_is_rejected_on_construction(zero_point):
+    with pytest.raises(ValueError, match=r"FixedQParamsQuantizationSpec: zero_point"):
+        qw.FixedQParamsQuantizationSpec(dtype=torch.uint8, scale=0.1, zero_point=zero_point)
+
+
+def test_calibration_skipped_raises_naming_every_observer():
+    caller = Caller()
+
+    def annotate(gm):
+        conv, linear = _node(gm, aten.conv2d.default), _node(gm, aten.linear.default)
+        qw.annotate_input_qspec_map(conv, conv.args[0], ACT)
+        qw.annotate_output_qspec(linear, ACT)
+
+    prepared = qw.prepare_pt2e(caller.gm, FnQuantizer(annotate))
+    with pytest.raises(qw.ObserverNotCalibratedError, match=r"2 observer\(s\).*'x'.*'linear'"):
+        qw.convert_pt2e(prepared)
+    caller.assert_untouched()
+
+
+# -- quantizers that raise in each hook -------------------------------------------------------
+
+HOOKS = ["transform_for_annotation", "annotate", "validate", "prepare_obs_or_fq_callback"]
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+@pytest.mark.parametrize("error", [ValueError("backend cannot run this"), KeyError("config"), qw.AnnotationError("x")])
+def test_an_exception_from_a_hook_keeps_its_class_and_names_the_quantizer_and_hook(hook, error):
+    caller = Caller()
+    with pytest.raises(type(error)) as info:
+        qw.prepare_pt2e(caller.gm, FnQuantizer(raises={hook: error}))
+    assert info.value is error
+    assert f"raised in {hook}() of quantizer 'corpus', called by quantweave.prepare_pt2e" in info.value.__notes__
+    caller.assert_untouched()
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+def test_an_exception_from_a_composed_member_names_the_member(hook):
+    caller = Caller()
+    failing = FnQuantizer(raises={hook: RuntimeError("member failed")})
+    failing.name = "failing"
+    composed = qw.ComposableQuantizer([FnQuantizer(), failing])
+    with pytest.raises(RuntimeError, match="member failed") as info:
+        qw.prepare_qat_pt2e(caller.gm, composed)
+    notes = info.value.__notes__
+    assert "raised by member 'failing' of ComposableQuantizer 'corpus+failing'" in notes
+    assert f"raised in {hook}() of quantizer 'corpus+failing', called by quantweave.prepare_qat_pt2e" in notes
+    caller.assert_untouched()
+
+
+def test_transform_returning_something_else_raises_type_error_naming_the_quantizer():
+    class Bad(FnQuantizer):
+        def transform_for_annotation(self, model):
+            return None
+
+    caller = Caller()
+    with pytest.raises(TypeError, match=r"Bad\.transform_for_annotation must return a GraphModule; got NoneType"):
+        qw.prepare_pt2e(caller.gm, Bad())
+    caller.assert_untouched()
+
+
+def test_broken_declarations_do_not_hide_what_was_quantized():
+    """quantization_capabilities() raising: the report still lists what was quantized; a
+    composition's capability table lets the member's exception through unchanged."""
+    caller = Caller()
+
+    def annotate(gm):
+        conv = _node(gm, aten.conv2d.default)
+        qw.annotate_input_qspec_map(conv, conv.args[0], ACT)
+        qw.mark_annotated(conv, by="corpus")
+
+    broken = FnQuantizer(annotate, raises={"quantization_capabilities": RuntimeError("declarations broken")})
+    prepared = qw.prepare_pt2e(caller.gm, broken)
+    rows = {r.node: r for r in qw.annotation_report(prepared, broken).nodes}
+    assert (rows["conv2d"].status, rows["conv2d"].quantizer) == ("quantized", "corpus")
+    with pytest.raises(RuntimeError, match="declarations broken"):
+        qw.ComposableQuantizer([broken]).capability_table()
+    caller.assert_untouched()
+
+
+@pytest.mark.parametrize("quantizer", ["x86", None, torch.nn.Linear(2, 2)], ids=["str", "None", "module"])
+def test_something_that_is_not_a_quantizer_raises_type_error_naming_its_type(quantizer):
+    caller = Caller()
+    with pytest.raises(
+        TypeError, match=rf"prepare_pt2e expects a quantweave.Quantizer; got {type(quantizer).__name__}"
+    ):
+        qw.prepare_pt2e(caller.gm, quantizer)
+    caller.assert_untouched()
+
+
+def test_what_is_not_an_exported_graph_module_raises_type_error_naming_it():
+    model = ConvLinear().eval()
+    x = torch.randn(1, 3, 8, 8)
+    exported_program = torch.export.export(model, (x,))
+    for wrong in (model, exported_program):
+        with pytest.raises(
+            TypeError, match=rf"prepare_pt2e expects a torch.fx.GraphModule.*got {type(wrong).__name__}"
+        ):
+            qw.prepare_pt2e(wrong, qw.get_quantizer("x86"))
+    with pytest.raises(TypeError, match=r"convert_pt2e expects a torch.fx.GraphModule.*got Linear"):
+        qw.convert_pt2e(torch.nn.Linear(2, 2))
+
+
+def test_untraceable_model_fails_in_torch_export_before_quantweave_runs():
+    class DataDependent(torch.nn.Module):
+        def forward(self, x):
+            if x.sum() > 0:  # data-dependent control flow: torch.export cannot trace it
+                return x + 1
+            return x - 1
+
+    with pytest.raises(RuntimeError, match="data-dependent") as info:  # torch's error, from torch.export
+        torch.export.export(DataDependent(), (torch.randn(2),))
+    assert not type(info.value).__module__.startswith("quantweave")
+
+
+# -- awkward models: a correct result, nothing of the caller's lost ---------------------------
+
+
+class BufferUpdate(torch.nn.Module):
+    """Updates buffers in forward (a running mean and a call counter)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.register_buffer("calls", torch.zeros(()))
+        self.register_buffer("running", torch.zeros(4))
+
+    def forward(self, x):
+        self.calls.add_(1)
+        self.running.mul_(0.9).add_(0.1 * x.detach().mean(0))
+        return self.linear(x)
+
+
+def test_buffers_mutated_in_forward_stay_the_callers():
+    """Before (found by this corpus): the prepared model shared the caller's buffers, so
+    calibrating it advanced the caller's counter and running mean; running the converted
+    model changed the prepared model's. Now each copy updates its own."""
+    x = torch.randn(3, 4)
+    caller = Caller(BufferUpdate(), x)
+    quantizer = qw.get_quantizer("x86")
+    prepared = qw.prepare_pt2e(caller.gm, quantizer)
+    for _ in range(3):
+        prepared(x)
+    assert float(prepared.calls) == 3.0
+    caller.assert_untouched()
+    prepared_snapshot = Snapshot.of(prepared)
+    converted = qw.convert_pt2e(prepared)
+    out = converted(x)
+    assert float(converted.calls) == 4.0
+    assert prepared_snapshot.differences(prepared) == []
+    assert torch.allclose(out, caller.gm(x.clone()), atol=0.1)
+
+
+def test_a_training_mode_export_prepared_for_ptq_keeps_the_callers_running_statistics():
+    """Batch norm exported in training mode updates its running statistics in forward
+    (aten.batch_norm does not declare the write in its schema): calibrating the prepared
+    model updates the prepared model's statistics, not the caller's."""
+
+    class ConvBn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn = torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)
+
+        def forward(self, x):
+            return self.bn(self.conv(x))
+
+    x = torch.randn(2, 3, 8, 8)
+    gm = torch.export.export(ConvBn().train(), (x,)).module()
+    before = Snapshot.of(gm)
+    prepared = qw.prepare_pt2e(gm, qw.get_quantizer("x86"))
+    prepared(x)
+    assert before.differences(gm) == []
+    assert float(prepared.state_dict()["bn.running_mean"].abs().sum()) > 0
+
+
+def test_in_place_ops_give_a_correct_result():
+    class InPlace(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+        def forward(self, x):
+            y = self.conv(x)
+            y.relu_()
+            y += 1
+            return torch.nn.functional.hardtanh(y, inplace=True)
+
+    caller = Caller(InPlace())
+    expected = caller.gm(*clone_inputs(caller.inputs))
+    out = _flow(caller, qw.get_quantizer("x86"))
+    assert torch.allclose(out, expected, atol=0.05)
+    caller.assert_untouched()
+
+
+def test_dynamic_shapes_give_a_correct_result_at_other_batch_sizes():
+    batch = torch.export.Dim("batch", min=1, max=16)
+    caller = Caller(ConvLinear(), torch.randn(2, 3, 8, 8), dynamic_shapes=({0: batch},))
+    prepared = qw.prepare_pt2e(caller.gm, qw.get_quantizer("xnnpack"))
+    for n in (1, 3, 5):
+        prepared(torch.randn(n, 3, 8, 8))
+    converted = qw.convert_pt2e(prepared)
+    x = torch.randn(7, 3, 8, 8)
+    out, expected = converted(x), caller.gm(x)
+    assert out.shape == expected.shape == (7, 2)
+    assert torch.allclose(out, expected, atol=0.1)
+    caller.assert_untouched()
+
+
+class Outputs(torch.nn.Module):
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.linear(x)
+        z = torch.relu(y)
+        if self.kind == "tuple":
+            return y, z
+        if self.kind == "dict":
+            return {"logits": y, "features": z, "nested": [y + 1, (z,)]}
+        return [z, y, x]  # an input returned as is
+
+
+@pytest.mark.parametrize("kind", ["tuple", "dict", "list"])
+def test_multiple_outputs_keep_their_structure(kind):
+    caller = Caller(Outputs(kind), torch.randn(3, 4))
+    expected = caller.gm(*clone_inputs(caller.inputs))
+    for name in ("x86", "xnnpack"):
+        out = _flow(caller, qw.get_quantizer(name))
+        assert type(out) is type(expected)
+        flat_out, spec_out = torch.utils._pytree.tree_flatten(out)
+        flat_expected, spec_expected = torch.utils._pytree.tree_flatten(expected)
+        assert spec_out == spec_expected
+        for a, b in zip(flat_out, flat_expected, strict=True):
+            assert torch.allclose(a, b, atol=0.1)
+    caller.assert_untouched()
+
+
+def test_messages_quote_node_names_that_exist():
+    """The names the corpus errors quote are nodes of the caller's graph (guards the regexes
+    above against naming a node that the export no longer produces)."""
+    names = {n.name for n in Caller().gm.graph.nodes}
+    for *_, message in PREPARE_ERRORS:
+        for quoted in re.findall(r"'(\w+)'", message):
+            assert quoted in names | {"x"}, quoted
