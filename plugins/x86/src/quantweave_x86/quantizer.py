@@ -550,6 +550,8 @@ def _why_add_float(node: Node) -> str:
     if not fusable:
         return f"{rule}; neither input is a conv2d or linear"
     producer = fusable[0]
+    if inputs[0] is inputs[1]:
+        return f"{rule}; here both operands are {_named(producer)} (x + x), which cannot be fused"
     if len(producer.users) > 1:
         return f"{rule}; its input {_named(producer)} has other users, so they cannot be fused"
     return f"{rule}; its input {_what_is(producer)}"
@@ -654,7 +656,8 @@ class _StageAnnotator:
             other = add.args[0]
         else:
             return None
-        return (add, other) if isinstance(other, Node) else None
+        # x + x: the fused op cannot take its own output as the other operand
+        return (add, other) if isinstance(other, Node) and other is not producer else None
 
     @staticmethod
     def first_user(node: Node, targets: Iterable[Any]) -> Node | None:
