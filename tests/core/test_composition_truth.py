@@ -97,3 +97,13 @@ def test_composed_capabilities_carry_plugin_provenance():
     composed = qw.ComposableQuantizer([pm.get_quantizer("template"), AddQuantizer()])
     provenance = {(c.pattern, c.plugin, c.quantizer) for c in composed.quantization_capabilities()}
     assert ("conv2d", "template", "template") in provenance and ("add", "", "adder") in provenance
+
+
+def test_a_member_serves_its_own_pattern_before_another_that_fits_the_same_ops():
+    pytest.importorskip("quantweave_xnnpack")
+    import quantweave_xnnpack as qx
+
+    xnnpack = qx.XNNPACKQuantizer().set_global(qx.get_symmetric_quantization_config())
+    row = rows(qw.ComposableQuantizer([xnnpack]))["conv2d_relu6"]
+    assert row.served_as_declared and row.shadowed == ()
+    assert "conv2d_relu6" in {c.pattern for c in qw.ComposableQuantizer([xnnpack]).quantization_capabilities()}

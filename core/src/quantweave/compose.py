@@ -181,7 +181,9 @@ class ComposableQuantizer(Quantizer):
             own = [(label, cap) for label, cap in declared if cap.key == key]
             producer = PATTERNS[PROBE_PRODUCERS[pattern]][1] if pattern in PROBE_PRODUCERS else ()
             context = chain_of(producer)
-            claims = self._claims(context + chain_of(own[0][1].ops), [(lb, c) for lb, c in declared if c.mode is mode])
+            claims = self._claims(
+                context + chain_of(own[0][1].ops), [(lb, c) for lb, c in declared if c.mode is mode], pattern
+            )
             steps = claims[len(context) :]
             served_by = steps[0][0] if steps and steps[0] is not None else ""
             serving = next(((lb, c) for lb, c in own if all(step == (lb, pattern) for step in steps)), None)
@@ -190,29 +192,40 @@ class ComposableQuantizer(Quantizer):
             rows.append(CapabilityRow(pattern, mode, served_by, tuple(dict.fromkeys(shadowed)), capability, steps))
         return sorted(rows, key=lambda r: (r.pattern, r.mode.value))
 
-    def _claims(self, chain: Chain, declared: list[tuple[str, Capability]]) -> tuple[tuple[str, str] | None, ...]:
+    def _claims(
+        self, chain: Chain, declared: list[tuple[str, Capability]], pattern: str = ""
+    ) -> tuple[tuple[str, str] | None, ...]:
         """Who claims each step of ``chain``: members in order, each member's longest
         patterns first, a pattern claiming only steps still free; a pattern that depends on
         its producer (``input_from``) claims only after a step its own member (``"own"``) or
         any member (``"any"``) claimed."""
         claims: list[tuple[str, str] | None] = [None] * len(chain)
         for label in self.labels:
+            # a member serves the row's own pattern before another of its patterns that fits the
+            # same ops (conv2d_hardtanh fits conv2d_relu6, whose relu6 may export as hardtanh)
             mine = sorted(
-                (c for lb, c in declared if lb == label and c.ops), key=lambda c: len(chain_of(c.ops)), reverse=True
+                (c for lb, c in declared if lb == label and c.ops),
+                key=lambda c: (c.pattern != pattern, -len(chain_of(c.ops))),
             )
-            for cap in mine:
-                inner = chain_of(cap.ops)
-                for offset in embeddings(inner, chain):
-                    span = range(offset, offset + len(inner))
-                    if any(claims[i] is not None for i in span):
-                        continue
-                    before = claims[offset - 1] if offset > 0 else None
-                    if cap.input_from == "own" and (before is None or before[0] != label):
-                        continue
-                    if cap.input_from == "any" and before is None:
-                        continue
-                    for i in span:
-                        claims[i] = (label, cap.pattern)
+            # until nothing changes: a producer-dependent pattern may claim once the member's
+            # producer pattern has claimed the step before it
+            changed = True
+            while changed:
+                changed = False
+                for cap in mine:
+                    inner = chain_of(cap.ops)
+                    for offset in embeddings(inner, chain):
+                        span = range(offset, offset + len(inner))
+                        if any(claims[i] is not None for i in span):
+                            continue
+                        before = claims[offset - 1] if offset > 0 else None
+                        if cap.input_from == "own" and (before is None or before[0] != label):
+                            continue
+                        if cap.input_from == "any" and before is None:
+                            continue
+                        for i in span:
+                            claims[i] = (label, cap.pattern)
+                        changed = True
         return tuple(claims)
 
     def quantization_capabilities(self) -> list[Capability]:
