@@ -332,6 +332,27 @@ def test_derived_spec_with_a_failing_function_raises_convert_error_naming_the_no
     caller.assert_untouched()
 
 
+def test_a_model_computing_nan_during_calibration_fails_at_convert_naming_the_observer():
+    """Garbage in: a float model whose activations are NaN. convert_pt2e raises
+    ObserverNotCalibratedError naming the observer, the node, and that it saw only NaN / inf
+    (a histogram observer raises torch.histc's RuntimeError during calibration already)."""
+
+    class Nan(torch.nn.Module):
+        def forward(self, x):
+            return torch.log(x - 10)  # NaN for every x < 10
+
+    caller = Caller(Nan(), torch.randn(2, 4))
+
+    def annotate(gm):
+        qw.annotate_output_qspec(_node(gm, aten.log.default), ACT)
+
+    prepared = qw.prepare_pt2e(caller.gm, FnQuantizer(annotate))
+    prepared(*caller.inputs)
+    with pytest.raises(qw.ObserverNotCalibratedError, match=r"\(observes 'log'\) saw only NaN / inf values"):
+        qw.convert_pt2e(prepared)
+    caller.assert_untouched()
+
+
 @pytest.mark.parametrize("scale", [0.0, -1.0, float("inf"), float("nan"), "1"])
 def test_fixed_spec_with_a_bad_scale_is_rejected_on_construction(scale):
     with pytest.raises(ValueError, match=r"FixedQParamsQuantizationSpec: scale must be a positive number; got"):

@@ -152,12 +152,25 @@ def _check_calibrated(gm: GraphModule, observer_nodes: list[Node]) -> None:
             missing.setdefault(str(node.target), []).append(getattr(source, "name", str(source)))
     if missing:
         listing = "; ".join(
-            f"{name} (observes {', '.join(repr(s) for s in sources)})" for name, sources in missing.items()
+            f"{name} (observes {', '.join(repr(s) for s in sources)}){_non_finite(gm.get_submodule(name))}"
+            for name, sources in missing.items()
         )
         raise ObserverNotCalibratedError(
             f"convert_pt2e: {len(missing)} observer(s) never saw data: {listing}. "
             "Run calibration inputs through the prepared model before converting."
         )
+
+
+def _non_finite(module: torch.nn.Module) -> str:
+    """``" saw only NaN / inf values"`` for an observer that saw data, none of it finite."""
+    inner = getattr(module, "activation_post_process", module)
+    values = [getattr(inner, name, None) for name in ("min_val", "max_val")]
+    if not all(isinstance(v, torch.Tensor) and v.numel() for v in values):
+        return ""
+    low, high = values
+    if bool(torch.isnan(low).any() or torch.isnan(high).any() or (low <= high).any()):
+        return " saw only NaN / inf values (the float model computes them on the calibration data)"
+    return ""
 
 
 def _quant_settings(module: torch.nn.Module) -> tuple[Any, ...]:
