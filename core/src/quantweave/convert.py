@@ -164,10 +164,9 @@ def _check_calibrated(gm: GraphModule, observer_nodes: list[Node]) -> None:
 def _non_finite(module: torch.nn.Module) -> str:
     """``" saw only NaN / inf values"`` for an observer that saw data, none of it finite."""
     inner = getattr(module, "activation_post_process", module)
-    values = [getattr(inner, name, None) for name in ("min_val", "max_val")]
-    if not all(isinstance(v, torch.Tensor) and v.numel() for v in values):
+    low, high = getattr(inner, "min_val", None), getattr(inner, "max_val", None)
+    if not (isinstance(low, torch.Tensor) and isinstance(high, torch.Tensor) and low.numel() and high.numel()):
         return ""
-    low, high = values
     if bool(torch.isnan(low).any() or torch.isnan(high).any() or (low <= high).any()):
         return " saw only NaN / inf values (the float model computes them on the calibration data)"
     return ""
