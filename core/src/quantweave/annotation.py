@@ -122,6 +122,35 @@ def _check_group(kind: str, group_size: Any, qscheme: Any, ch_axis: int | None, 
         raise ValueError(f"{kind}: group-wise quantization is static (weights); got is_dynamic=True")
 
 
+#: the only range ``quantized_decomposed.choose_qparams_per_token_asymmetric`` chooses qparams for
+PER_TOKEN_RANGE = (-128, 127)
+
+
+def _check_per_token(
+    kind: str, per_token: Any, dtype: Any, quant_min: int | None, quant_max: int | None, qscheme: Any, is_dynamic: bool
+) -> None:
+    if not isinstance(per_token, bool):
+        raise ValueError(f"{kind}: per_token must be a bool; got {per_token!r}")
+    if not per_token:
+        return
+    if not is_dynamic:  # so also never group-wise: group_size needs a static spec
+        raise ValueError(
+            f"{kind}: per_token=True quantizes each token with qparams chosen at run time, so it needs "
+            f"is_dynamic=True; got is_dynamic={is_dynamic!r}"
+        )
+    if qscheme not in (None, torch.per_tensor_affine):
+        raise ValueError(
+            f"{kind}: per_token=True takes an asymmetric (scale, zero point) per token: qscheme must be "
+            f"torch.per_tensor_affine or None; got qscheme={qscheme}"
+        )
+    lo, hi = PER_TOKEN_RANGE
+    if dtype != torch.int8 or quant_min not in (None, lo) or quant_max not in (None, hi):
+        raise ValueError(
+            f"{kind}: per_token=True is int8 in [{lo}, {hi}] (the range choose_qparams_per_token_asymmetric "
+            f"chooses for); got dtype={dtype}, quant_min={quant_min!r}, quant_max={quant_max!r}"
+        )
+
+
 def _check_edge_or_node(kind: str, value: Any) -> None:
     if isinstance(value, Node):
         return
@@ -149,6 +178,16 @@ class QuantizationSpec(QuantizationSpecBase):
     per-channel qscheme (``per_channel_symmetric`` or ``per_channel_affine``), ``ch_axis=0``,
     a static spec, and an observer that takes ``group_size``
     (:class:`quantweave.observers.PerGroupMinMaxObserver`).
+
+    ``per_token`` (quantweave's addition; False, the default, is PT2E's spec unchanged) makes
+    a dynamic spec take one (scale, zero point) per token -- per row over the last dimension
+    -- chosen at run time, instead of one for the whole tensor. It is converted to
+    ``choose_qparams_per_token_asymmetric`` -> ``quantize_per_token`` ->
+    ``dequantize_per_token`` (what XNNPACK's dynamically quantized linear computes). It
+    needs ``is_dynamic=True``, ``dtype=torch.int8`` with the full range [-128, 127] (the
+    range the choose op computes for), ``qscheme`` ``torch.per_tensor_affine`` or None (so no
+    ``group_size``: group-wise specs are static), and post-training preparation (``prepare_pt2e``); the observer is not
+    consulted (a ``PlaceholderObserver`` as for any dynamic spec).
     """
 
     dtype: torch.dtype
@@ -159,6 +198,7 @@ class QuantizationSpec(QuantizationSpecBase):
     ch_axis: int | None = None
     is_dynamic: bool = False
     group_size: int | None = None
+    per_token: bool = False
 
     def __post_init__(self) -> None:
         kind = "QuantizationSpec"
@@ -166,6 +206,9 @@ class QuantizationSpec(QuantizationSpecBase):
         _check_qscheme(kind, self.qscheme, self.ch_axis)
         if self.group_size is not None:
             _check_group(kind, self.group_size, self.qscheme, self.ch_axis, self.is_dynamic)
+        _check_per_token(
+            kind, self.per_token, self.dtype, self.quant_min, self.quant_max, self.qscheme, self.is_dynamic
+        )
         if not callable(self.observer_or_fake_quant_ctr):
             raise ValueError(
                 f"{kind}: observer_or_fake_quant_ctr must be callable (an observer class or "

@@ -2,7 +2,8 @@
 
 The result is the *reference* representation that backends pattern-match:
 ``torch.ops.quantized_decomposed.quantize_per_tensor`` / ``dequantize_per_tensor`` (and the
-``per_channel``, group-wise ``per_channel_group`` and dynamic ``.tensor`` variants).
+``per_channel``, group-wise ``per_channel_group``, dynamic ``.tensor`` and dynamic per-token
+``quantize_per_token`` / ``dequantize_per_token`` variants).
 Constant inputs (weights, biases, and any transform of them) are quantized here, once, so
 the converted model stores int8 weights followed by a ``dequantize`` node. Every user of a
 dequantized tensor gets its own ``dequantize`` node, so each consumer can be fused
@@ -32,13 +33,20 @@ from ._modules.graph import (
     rebuild,
     set_attr_value,
 )
+from ._modules.per_token import PER_TOKEN_ATTR
 from ._modules.qat_conv_bn import fold_simulated_conv_bn
 from ._modules.qtypes import dtype_range, integer_dtype, is_integer_dtype, is_per_channel
 from ._modules.torch_compat import quantized_decomposed_ops
+from .annotation import PER_TOKEN_RANGE
 from .errors import ConvertError, ObserverNotCalibratedError
 from .observers import is_calibrated, is_observer_module
 
-__all__ = ["convert_pt2e", "dequantize_ops", "quantize_ops"]  # QUANTIZE_OPS/DEQUANTIZE_OPS via __getattr__
+__all__ = [
+    "choose_qparams_ops",
+    "convert_pt2e",
+    "dequantize_ops",
+    "quantize_ops",
+]  # QUANTIZE_OPS/DEQUANTIZE_OPS via __getattr__
 
 
 def quantize_ops() -> tuple[Any, ...]:
@@ -49,6 +57,7 @@ def quantize_ops() -> tuple[Any, ...]:
         qd.quantize_per_tensor.tensor,
         qd.quantize_per_channel.default,
         qd.quantize_per_channel_group.default,
+        qd.quantize_per_token.default,
     )
 
 
@@ -60,6 +69,18 @@ def dequantize_ops() -> tuple[Any, ...]:
         qd.dequantize_per_tensor.tensor,
         qd.dequantize_per_channel.default,
         qd.dequantize_per_channel_group.default,
+        qd.dequantize_per_token.default,
+    )
+
+
+def choose_qparams_ops() -> tuple[Any, ...]:
+    """The ops convert emits to choose dynamic qparams at run time (their outputs are read
+    through ``operator.getitem``: 0 the scale, 1 the zero point)."""
+    qd = quantized_decomposed_ops()
+    return (
+        qd.choose_qparams.tensor,
+        qd.choose_qparams_symmetric.tensor,
+        qd.choose_qparams_per_token_asymmetric.default,
     )
 
 
@@ -211,6 +232,10 @@ def _replace_observer(
     if isinstance(val, torch.Tensor) and val.dtype != torch.float32:
         dq_kwargs["out_dtype"] = val.dtype
 
+    if getattr(module, PER_TOKEN_ATTR, False):
+        _insert_per_token(graph, node, source, (quant_min, quant_max), dtype, val)
+        return
+
     if getattr(module, "is_dynamic", False):
         if qscheme not in _CHOOSE_QPARAMS:
             raise ConvertError(
@@ -277,6 +302,33 @@ def _replace_observer(
             quant = graph.call_function(q_op, (source, *q_args))
         dequant = graph.call_function(dq_op, (quant, *q_args, *dq_extra), dq_kwargs)
     for new in (quant, dequant):
+        port_meta(source, new)
+    dequant.meta["val"] = val
+    node.replace_all_uses_with(dequant)
+    graph.erase_node(node)
+
+
+def _insert_per_token(
+    graph: torch.fx.Graph, node: Node, source: Node, bounds: tuple[int, int], dtype: torch.dtype, val: Any
+) -> None:
+    """Replace the observer ``node`` of a per-token dynamic spec: qparams per token (row over
+    the last dimension) chosen at run time, quantize and dequantize per token."""
+    _qd = quantized_decomposed_ops()
+    if bounds != PER_TOKEN_RANGE or dtype != torch.int8:
+        raise ConvertError(
+            f"{node.target} (observes {source.name!r}): per-token dynamic quantization is int8 in "
+            f"{list(PER_TOKEN_RANGE)} (the range choose_qparams_per_token_asymmetric chooses for); the observer has "
+            f"{dtype} in {list(bounds)}"
+        )
+    out_dtype = val.dtype if isinstance(val, torch.Tensor) else torch.float32
+    with graph.inserting_before(node):
+        choose = graph.call_function(_qd.choose_qparams_per_token_asymmetric.default, (source, dtype))
+        scale = graph.call_function(operator.getitem, (choose, 0))
+        zero_point = graph.call_function(operator.getitem, (choose, 1))
+        args = (scale, zero_point, *bounds, dtype)
+        quant = graph.call_function(_qd.quantize_per_token.default, (source, *args))
+        dequant = graph.call_function(_qd.dequantize_per_token.default, (quant, *args, out_dtype))
+    for new in (choose, scale, zero_point, quant, dequant):
         port_meta(source, new)
     dequant.meta["val"] = val
     node.replace_all_uses_with(dequant)
