@@ -193,12 +193,14 @@ def test_embeddings_and_linears_are_quantized_as_declared_and_the_rest_stays_flo
     for emb in embeddings:  # uint8 table, float scale and zero point per row
         dq = emb.args[0]
         assert dq.target == qd.dequantize_per_channel.default and dq.args[3:] == (0, 0, 255, torch.uint8)
-    for lin in linears:  # int8 per-channel weight, activation quantized at run time, float output
+    for lin in linears:  # int8 per-channel weight, activation quantized per token at run time, float output
         weight, x = lin.args[1], lin.args[0]
         assert weight.target == qd.dequantize_per_channel.default and weight.args[3:] == (0, -127, 127, torch.int8)
-        assert x.target == qd.dequantize_per_tensor.tensor
-        assert x.args[0].args[1].args[0].target == qd.choose_qparams.tensor  # scale <- getitem <- choose_qparams
-    machinery = set(qw.quantize_ops()) | set(qw.dequantize_ops()) | {qd.choose_qparams.tensor}
+        assert x.target == qd.dequantize_per_token.default and x.args[3:] == (-128, 127, torch.int8, torch.float32)
+        assert x.args[0].target == qd.quantize_per_token.default
+        # scale <- getitem <- choose_qparams_per_token_asymmetric
+        assert x.args[1].args[0].target == qd.choose_qparams_per_token_asymmetric.default
+    machinery = set(qw.quantize_ops()) | set(qw.dequantize_ops()) | {qd.choose_qparams_per_token_asymmetric.default}
     dq_users = {t for n in nodes if n.target in qw.dequantize_ops() for t in _targets(n)}
     assert dq_users == {aten.embedding.default, aten.linear.default}  # nothing else reads quantized values
     floats = {n.target for n in nodes if n.op == "call_function" and n.target not in machinery}

@@ -27,6 +27,8 @@ pytestmark = pytest.mark.executorch
 pytest.importorskip("executorch.exir", reason="needs ExecuTorch 1.5.1 (tox -e xnnpack)")
 ao = pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
 ao_quantizer = pytest.importorskip("torchao.quantization.pt2e.quantizer")
+#: ExecuTorch's XNNPACKQuantizer quantizes dynamic activations per tensor (the "llm" default is per token)
+PARITY = "per_tensor"
 
 KEY = "quantization_annotation"
 
@@ -79,7 +81,9 @@ def _frozen(converted):
 def test_same_annotations_qparams_outputs_and_programs_as_executorchs_composition():
     model = tiny_decoder_lm(vocab=4096)
     prompts = lm_prompts(model, 3)
-    prepared, converted = flow(model, prompts, ExecuTorchQuantizer("llm"), qw.prepare_pt2e, qw.convert_pt2e)
+    prepared, converted = flow(
+        model, prompts, ExecuTorchQuantizer("llm", act_granularity=PARITY), qw.prepare_pt2e, qw.convert_pt2e
+    )
     peer_prepared, peer_converted = flow(model, prompts, peer_quantizer(), ao.prepare_pt2e, ao.convert_pt2e)
     ours = annotations(prepared)
     assert len(ours) == 2 + 9  # two tables, nine linears
@@ -98,8 +102,12 @@ def test_difference_tied_head_quantized_once_not_twice():
     model = tiny_decoder_lm(vocab=2048, tied=True)
     prompts = lm_prompts(model, 2)
     _, peer_converted = flow(model, prompts, peer_quantizer(), ao.prepare_pt2e, ao.convert_pt2e)
-    _, own = flow(model, prompts, ExecuTorchQuantizer("llm", tied="own"), qw.prepare_pt2e, qw.convert_pt2e)
-    _, shared = flow(model, prompts, ExecuTorchQuantizer("llm"), qw.prepare_pt2e, qw.convert_pt2e)
+    _, own = flow(
+        model, prompts, ExecuTorchQuantizer("llm", tied="own", act_granularity=PARITY), qw.prepare_pt2e, qw.convert_pt2e
+    )
+    _, shared = flow(
+        model, prompts, ExecuTorchQuantizer("llm", act_granularity=PARITY), qw.prepare_pt2e, qw.convert_pt2e
+    )
     table = (2048, 128)
 
     def tables(converted):

@@ -181,6 +181,41 @@ def test_symmetric_config_defaults_are_executorchs():
     assert qx.get_symmetric_quantization_config() is qx.get_symmetric_quantization_config()  # cached
 
 
+def test_per_token_dynamic_activations_are_an_option_and_the_default_is_executorchs():
+    default = qx.get_symmetric_quantization_config(is_dynamic=True, is_per_channel=True)
+    assert default.input_activation.per_token is False  # ExecuTorch's choose_qparams.tensor form
+    explicit = qx.get_symmetric_quantization_config(is_dynamic=True, is_per_channel=True, act_granularity="per_tensor")
+    assert explicit.input_activation.per_token is False and explicit.input_activation.is_dynamic
+    config = qx.get_symmetric_quantization_config(is_dynamic=True, is_per_channel=True, act_granularity="per_token")
+    act = config.input_activation
+    assert act.per_token and act.is_dynamic and (act.dtype, act.quant_min, act.quant_max) == (torch.int8, -128, 127)
+    assert config.output_activation is None
+    assert (config.weight.qscheme, config.weight.quant_min) == (torch.per_channel_symmetric, -127)
+    model = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2)).eval()
+    exported = export(model, torch.randn(3, 8))
+    gm = qw.convert_pt2e(qw.prepare_pt2e(exported, qx.XNNPACKQuantizer().set_global(config)))
+    qd = torch.ops.quantized_decomposed
+    found = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert found.count(qd.choose_qparams_per_token_asymmetric.default) == 2
+    assert qd.choose_qparams.tensor not in found
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"act_granularity": "per_row"}, "act_granularity must be one of per_tensor, per_token; got 'per_row'"),
+        ({"act_granularity": "per_token"}, "got is_dynamic=False, is_qat=False"),
+        ({"act_granularity": "per_token", "is_dynamic": True, "is_qat": True}, "got is_dynamic=True, is_qat=True"),
+        ({"act_granularity": "per_token", "is_dynamic": True, "act_qmin": -127}, "act_qmin=-127, act_qmax=127"),
+    ],
+    ids=["unknown", "static", "qat", "narrow"],
+)
+def test_per_token_config_errors_say_what_was_expected(options, message):
+    with pytest.raises(ValueError, match="get_symmetric_quantization_config: act_granularity") as info:
+        qx.get_symmetric_quantization_config(**options)
+    assert message in str(info.value)
+
+
 def test_config_type_errors_are_clear():
     with pytest.raises(TypeError, match="is_per_channel must be a bool"):
         qx.get_symmetric_quantization_config(is_per_channel=1)

@@ -1,7 +1,10 @@
 """``ExecuTorchQuantizer``: ExecuTorch recipes as a composition of two plugins.
 
-- ``"llm"``: XNNPACK dynamic quantization of linears (int8 activations quantized per
-  call, int8 per-channel weights, or 4-bit per-channel weights with ``linear_bits=4``) from
+- ``"llm"``: XNNPACK dynamic quantization of linears (int8 activations quantized at run
+  time with a (scale, zero point) per token -- what XNNPACK's dynamic linear computes, so the
+  program matches the converted model; ``act_granularity="per_tensor"`` takes one per call,
+  as ExecuTorch's own ``XNNPACKQuantizer`` -- int8 per-channel weights, or 4-bit per-channel
+  weights with ``linear_bits=4``) from
   ``quantweave-xnnpack``, then embedding tables weight-only (8-bit per row, or 4-bit
   group-wise with ``embedding_bits=4``) from ``quantweave-embedding``. XNNPACK comes first
   so that a table tied to the head shares the head's per-row quantization (one quantized
@@ -23,7 +26,7 @@ from typing import Any
 import quantweave as qw
 from quantweave.plugin_api import Capability, Quantizer
 from quantweave_embedding import EmbeddingQuantizer
-from quantweave_xnnpack import XNNPACKQuantizer, get_symmetric_quantization_config
+from quantweave_xnnpack import ACT_GRANULARITIES, XNNPACKQuantizer, get_symmetric_quantization_config
 
 from ._capabilities import PRESETS
 
@@ -35,6 +38,7 @@ _LLM_DEFAULTS: dict[str, Any] = {
     "embedding_symmetric": None,
     "linear_bits": 8,
     "tied": "share",
+    "act_granularity": "per_token",
 }
 
 
@@ -44,6 +48,7 @@ class ExecuTorchQuantizer(qw.ComposableQuantizer):
         ExecuTorchQuantizer("llm")  # 8-bit tables + dynamic int8 linears
         ExecuTorchQuantizer("llm", embedding_bits=4, embedding_group_size=32)  # 4-bit tables
         ExecuTorchQuantizer("llm", linear_bits=4)  # 4-bit per-channel linear weights
+        ExecuTorchQuantizer("llm", act_granularity="per_tensor")  # ExecuTorch's own dynamic form
         ExecuTorchQuantizer("vision")  # static per-channel XNNPACK
 
     ``embedding_bits=None`` / ``linear_bits=None`` drop that part of the ``"llm"`` recipe.
@@ -58,6 +63,7 @@ class ExecuTorchQuantizer(qw.ComposableQuantizer):
         embedding_symmetric: bool | None = None,
         linear_bits: int | None = 8,
         tied: str = "share",
+        act_granularity: str = "per_token",
     ) -> None:
         if preset not in PRESETS:
             raise ValueError(f"ExecuTorchQuantizer: preset must be one of {', '.join(PRESETS)}; got {preset!r}")
@@ -67,6 +73,7 @@ class ExecuTorchQuantizer(qw.ComposableQuantizer):
             "embedding_symmetric": embedding_symmetric,
             "linear_bits": linear_bits,
             "tied": tied,
+            "act_granularity": act_granularity,
         }
         members: list[Quantizer] = []
         if preset == "vision":
@@ -79,7 +86,14 @@ class ExecuTorchQuantizer(qw.ComposableQuantizer):
                 if linear_bits not in (4, 8):
                     raise ValueError(f"ExecuTorchQuantizer: linear_bits must be 8, 4 or None; got {linear_bits!r}")
                 four = {"weight_qmin": -8, "weight_qmax": 7} if linear_bits == 4 else {}
-                config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True, **four)
+                if act_granularity not in ACT_GRANULARITIES:
+                    raise ValueError(
+                        f"ExecuTorchQuantizer: act_granularity must be one of {', '.join(ACT_GRANULARITIES)}; "
+                        f"got {act_granularity!r}"
+                    )
+                config = get_symmetric_quantization_config(
+                    is_per_channel=True, is_dynamic=True, act_granularity=act_granularity, **four
+                )
                 members.append(_xnnpack(config))
             if embedding_bits is not None:
                 embedding = EmbeddingQuantizer(

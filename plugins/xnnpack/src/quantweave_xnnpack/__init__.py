@@ -16,6 +16,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 __all__ = [
+    "ACT_GRANULARITIES",
     "ExecuTorchNotInstalledError",
     "ExecuTorchProgram",
     "XNNPACKQuantizer",
@@ -28,6 +29,7 @@ _WHERE = {
     "ExecuTorchNotInstalledError": "_executorch",
     "ExecuTorchProgram": "_executorch",
     "to_executorch": "_executorch",
+    "ACT_GRANULARITIES": "quantizer",
     "XNNPACKQuantizer": "quantizer",
     "get_symmetric_quantization_config": "quantizer",
     "declared_capabilities": "_capabilities",

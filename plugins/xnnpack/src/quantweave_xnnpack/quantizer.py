@@ -3,7 +3,8 @@
 The recipe (semantics of ExecuTorch 1.5.1's ``XNNPACKQuantizer``, so the XNNPACK
 partitioner lowers the result):
 
-- int8 activations (per-tensor affine, ``[act_qmin, act_qmax]``, default [-128, 127]),
+- int8 activations (per-tensor affine, ``[act_qmin, act_qmax]``, default [-128, 127]; dynamic
+  configs may take them per token with ``act_granularity="per_token"``),
   int8 symmetric weights (per-tensor, or per-channel with ``is_per_channel``; default
   [-127, 127], 4-bit with ``weight_qmin=-8, weight_qmax=7``), float bias;
 - patterns, in this order (the first to claim a node wins): conv + batch norm (+ relu),
@@ -58,7 +59,10 @@ from quantweave.plugin_api import ANNOTATION_KEY, Capability, mark_annotated, se
 
 from ._capabilities import declared_capabilities
 
-__all__ = ["XNNPACKQuantizer", "get_symmetric_quantization_config"]
+__all__ = ["ACT_GRANULARITIES", "XNNPACKQuantizer", "get_symmetric_quantization_config"]
+
+#: the dynamic activation granularities of :func:`get_symmetric_quantization_config`
+ACT_GRANULARITIES = ("per_tensor", "per_token")
 
 aten = torch.ops.aten
 
@@ -122,6 +126,7 @@ def get_symmetric_quantization_config(
     act_qmax: int = 127,
     weight_qmin: int = -127,
     weight_qmax: int = 127,
+    act_granularity: str = "per_tensor",
 ) -> qw.QuantizationConfig:
     """The XNNPACK recipe: int8 per-tensor affine activations in ``[act_qmin, act_qmax]``
     (HistogramObserver; PlaceholderObserver when dynamic, whose config then quantizes no
@@ -131,10 +136,30 @@ def get_symmetric_quantization_config(
 
     ``is_qat=True``: fake-quantizers for ``prepare_qat_pt2e`` (FusedMovingAvgObsFakeQuantize
     over moving-average min/max observers; dynamic activations: FakeQuantize over a
-    MovingAverageMinMaxObserver with averaging constant 1)."""
+    MovingAverageMinMaxObserver with averaging constant 1).
+
+    ``act_granularity`` (dynamic configs): ``"per_tensor"`` (default, ExecuTorch's
+    ``XNNPACKQuantizer``: one (scale, zero point) per call, ``choose_qparams.tensor``) or
+    ``"per_token"``: one per row over the last dimension, chosen at run time
+    (``QuantizationSpec(per_token=True)``: ``choose_qparams_per_token_asymmetric``), which is
+    what XNNPACK's dynamically quantized linear computes, so the lowered program matches the
+    converted model. ``"per_token"`` needs ``is_dynamic=True``, ``is_qat=False`` and the full
+    int8 activation range [-128, 127]."""
     for name, value in (("is_per_channel", is_per_channel), ("is_qat", is_qat), ("is_dynamic", is_dynamic)):
         if not isinstance(value, bool):
             raise TypeError(f"get_symmetric_quantization_config: {name} must be a bool; got {value!r}")
+    if act_granularity not in ACT_GRANULARITIES:
+        raise ValueError(
+            f"get_symmetric_quantization_config: act_granularity must be one of {', '.join(ACT_GRANULARITIES)}; "
+            f"got {act_granularity!r}"
+        )
+    per_token = act_granularity == "per_token"
+    if per_token and (not is_dynamic or is_qat or (act_qmin, act_qmax) != (-128, 127)):
+        raise ValueError(
+            "get_symmetric_quantization_config: act_granularity='per_token' chooses int8 qparams per token at run "
+            "time: it needs is_dynamic=True, is_qat=False, act_qmin=-128, act_qmax=127; got "
+            f"is_dynamic={is_dynamic}, is_qat={is_qat}, act_qmin={act_qmin}, act_qmax={act_qmax}"
+        )
     act_ctr: Any
     if is_qat and is_dynamic:
         act_ctr = FakeQuantize.with_args(
@@ -157,6 +182,7 @@ def get_symmetric_quantization_config(
         qscheme=torch.per_tensor_affine,
         is_dynamic=is_dynamic,
         observer_or_fake_quant_ctr=act_ctr,
+        per_token=per_token,
     )
     weight = qw.QuantizationSpec(
         dtype=torch.int8,
