@@ -5,6 +5,10 @@ documented vocabulary (:data:`PATTERNS`), so declarations from different plugins
 compared and merged. Records are frozen, ordered and JSON-serialisable
 (:meth:`Capability.to_dict` / :meth:`Capability.from_dict`).
 
+A graph node counts as the op it computes (:func:`vocabulary_op`): an in-place op
+(``aten.relu_.default``) as its functional op, a convolution with a string padding
+(``aten.conv2d.padding``) as the convolution; patterns name the functional ops only.
+
 Capabilities are *tested truths*: ``quantweave.testing.conformance`` builds a probe model
 for every declared pattern, runs the quantizer, and fails when what is annotated differs
 from what is declared.
@@ -20,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ._modules.patterns import vocabulary_op
 from ._modules.qtypes import INTEGER_DTYPES, dtype_range, granularity, is_integer_dtype, is_per_channel, is_symmetric
 
 __all__ = [
@@ -33,6 +38,7 @@ __all__ = [
     "TensorQuant",
     "core_patterns",
     "tensor_quant_from_spec",
+    "vocabulary_op",
 ]
 
 
@@ -140,8 +146,9 @@ PATTERNS: dict[str, tuple[str, tuple[str, ...]]] = {
     "squeeze": ("squeeze of a dimension (probe: conv → squeeze)", ("aten.squeeze.dim",)),
     "slice": ("slice along a dimension (probe: conv → channel slice)", ("aten.slice.Tensor",)),
     "dropout": ("dropout (kept by export; identity in eval) (probe: conv → dropout)", ("aten.dropout.default",)),
-    "relu": ("standalone relu", ("aten.relu.default",)),
-    "hardtanh": ("standalone hardtanh", ("aten.hardtanh.default",)),
+    "relu": ("relu on its own, not fused (probe: two convs → cat → relu)", ("aten.relu.default",)),
+    "hardtanh": ("hardtanh on its own, not fused (probe: two convs → cat → hardtanh)", ("aten.hardtanh.default",)),
+    "relu6": ("relu6 on its own, not fused (probe: two convs → cat → relu6)", ("aten.relu6.default",)),
     "sigmoid": ("sigmoid (fixed output qparams)", ("aten.sigmoid.default",)),
     "softmax": ("softmax (fixed output qparams)", ("aten.softmax.int",)),
     "embedding": ("embedding table lookup (weight)", ("aten.embedding.default",)),
@@ -208,25 +215,29 @@ def core_patterns() -> dict[str, PatternSpec]:
 
 
 #: pattern -> the pattern feeding its anchor in the core probe (ops quantized only after a
-#: quantized producer are probed behind a conv)
-PROBE_PRODUCERS: dict[str, str] = dict.fromkeys(
-    (
-        "cat",
-        "max_pool2d",
-        "avg_pool2d",
-        "adaptive_avg_pool2d",
-        "flatten",
-        "mean",
-        "permute",
-        "transpose",
-        "view",
-        "reshape",
-        "squeeze",
-        "slice",
-        "dropout",
+#: quantized producer are probed behind a conv; activations on their own behind a cat, which
+#: no backend fuses them with)
+PROBE_PRODUCERS: dict[str, str] = {
+    **dict.fromkeys(("relu", "hardtanh", "relu6"), "cat"),
+    **dict.fromkeys(
+        (
+            "cat",
+            "max_pool2d",
+            "avg_pool2d",
+            "adaptive_avg_pool2d",
+            "flatten",
+            "mean",
+            "permute",
+            "transpose",
+            "view",
+            "reshape",
+            "squeeze",
+            "slice",
+            "dropout",
+        ),
+        "conv2d",
     ),
-    "conv2d",
-)
+}
 
 
 _GRANULARITIES = ("per_tensor", "per_channel", "per_channel_float_qparams", "per_group")

@@ -6,6 +6,12 @@ other that export as either form of one step (``relu6`` exports as ``relu6`` or 
 ``hardtanh``) are one step with two alternatives. Used by the conformance kit (which
 annotated node is covered by which declared pattern, which edges are inside a fused unit)
 and by ``ComposableQuantizer.capability_table`` (which member's pattern claims which step).
+
+A graph node counts as the vocabulary op it computes (:func:`vocabulary_op`): an in-place op
+(``aten.relu_.default``, ``aten.add_.Tensor``, from ``F.relu(x, inplace=True)``,
+``nn.ReLU(inplace=True)`` or ``x += y``) as its functional op, and a convolution with a
+string padding (``aten.conv2d.padding``, from ``padding="same"`` / ``"valid"``) as the
+convolution. Patterns name the functional ops only.
 """
 
 from __future__ import annotations
@@ -14,12 +20,37 @@ from collections.abc import Iterable, Sequence
 
 from torch.fx import Graph, Node
 
-__all__ = ["Chain", "chain_of", "embeddings", "matches"]
+__all__ = ["Chain", "chain_of", "embeddings", "matches", "node_op", "vocabulary_op"]
 
 #: ops one step may export as (a pattern lists both, in this order)
 _ALTERNATIVES = {("aten.relu6.default", "aten.hardtanh.default")}
 
 Chain = tuple[frozenset[str], ...]
+
+#: overloads that compute what another op of the vocabulary computes: a convolution whose
+#: padding is a string ("same" / "valid") is that convolution
+_SAME_AS = {
+    "aten.conv1d.padding": "aten.conv1d.default",
+    "aten.conv2d.padding": "aten.conv2d.default",
+    "aten.conv3d.padding": "aten.conv3d.default",
+}
+
+
+def vocabulary_op(op: str) -> str:
+    """The op name the pattern vocabulary knows ``op`` as: ``"aten.relu_.default"`` ->
+    ``"aten.relu.default"`` (an aten in-place op counts as its functional op),
+    ``"aten.conv2d.padding"`` -> ``"aten.conv2d.default"``; any other name unchanged."""
+    op = _SAME_AS.get(op, op)
+    namespace, _, rest = op.partition(".")
+    name, _, overload = rest.partition(".")
+    if namespace == "aten" and overload and len(name) > 1 and name.endswith("_") and not name.startswith("_"):
+        return f"aten.{name[:-1]}.{overload}"
+    return op
+
+
+def node_op(node: Node) -> str:
+    """The vocabulary op a ``call_function`` node computes (:func:`vocabulary_op` of its target)."""
+    return vocabulary_op(str(node.target))
 
 
 def chain_of(ops: Sequence[str]) -> Chain:
@@ -38,7 +69,8 @@ def chain_of(ops: Sequence[str]) -> Chain:
 
 def matches(graph: Graph, chain: Chain) -> list[tuple[Node, ...]]:
     """Every occurrence of ``chain`` in ``graph``: node tuples, one node per step, each
-    node a user of the one before."""
+    node a user of the one before (a node matches a step by :func:`node_op`: in place or
+    with a string padding, as the op it computes)."""
     found: list[tuple[Node, ...]] = []
 
     def extend(path: tuple[Node, ...]) -> None:
@@ -46,11 +78,11 @@ def matches(graph: Graph, chain: Chain) -> list[tuple[Node, ...]]:
             found.append(path)
             return
         for user in path[-1].users:
-            if user.op == "call_function" and str(user.target) in chain[len(path)]:
+            if user.op == "call_function" and node_op(user) in chain[len(path)]:
                 extend((*path, user))
 
     for node in graph.nodes:
-        if node.op == "call_function" and str(node.target) in chain[0]:
+        if node.op == "call_function" and node_op(node) in chain[0]:
             extend((node,))
     return found
 

@@ -44,7 +44,7 @@ from torch import nn
 from torch.fx import GraphModule, Node
 
 from .._modules.graph import copy_graph_module
-from .._modules.patterns import Chain, chain_of, matches
+from .._modules.patterns import Chain, chain_of, matches, node_op
 from .._modules.sharing import collect_specs, group_specs
 from ..annotation import (
     ANNOTATED_BY_KEY,
@@ -118,6 +118,15 @@ def _linear_then(
     fn: Callable[[torch.Tensor], torch.Tensor],
 ) -> Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]:
     return lambda: (_Probe(lambda m, x: fn(m.fc(x)), fc=nn.Linear(16, 8)), (torch.randn(2, 16),))
+
+
+def _cat_then(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]:
+    return lambda: (
+        _Probe(
+            lambda m, x: fn(torch.cat([m.conv1(x), m.conv2(x)], 1)), conv1=nn.Conv2d(3, 4, 3), conv2=nn.Conv2d(3, 4, 3)
+        ),
+        (_img(),),
+    )
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
@@ -215,8 +224,12 @@ PROBES: dict[str, ProbeFactory] = {
         _Probe(lambda m, x: m.drop(m.conv(x)), conv=nn.Conv2d(3, 8, 3), drop=nn.Dropout(0.25)),
         (_img(),),
     ),
-    "relu": lambda: (_Probe(lambda m, x: F.relu(x)), (torch.randn(2, 8),)),
-    "hardtanh": lambda: (_Probe(lambda m, x: F.hardtanh(x)), (torch.randn(2, 8),)),
+    # activations on their own take a cat of two convs: quantized by any backend that
+    # quantizes cat, fused into it by none (quantizers that quantize relu only after a
+    # quantized producer, input_from "any", annotate them here)
+    "relu": _cat_then(F.relu),
+    "hardtanh": _cat_then(F.hardtanh),
+    "relu6": _cat_then(F.relu6),
     "sigmoid": lambda: (_Probe(lambda m, x: torch.sigmoid(x)), (torch.randn(2, 8),)),
     "softmax": lambda: (_Probe(lambda m, x: torch.softmax(x, -1)), (torch.randn(2, 8),)),
     # rows of 128 split into the groups (32, 64, 128) group-wise embedding quantizers use
@@ -272,7 +285,9 @@ class ConformanceFailure:
 
 
 def _op_name(node: Node) -> str:
-    return str(node.target)
+    """The vocabulary op of ``node``: an in-place op as its functional op, a conv with a
+    string padding as the conv (see ``quantweave.capabilities.vocabulary_op``)."""
+    return node_op(node)
 
 
 def _annotated_nodes(gm: GraphModule) -> list[Node]:
@@ -347,7 +362,7 @@ def _check_annotations(gm: GraphModule, cap: Capability, chain: Chain) -> list[s
         return concrete[roots[key]] if key in specs else None
 
     if anchor not in _annotated_nodes(gm) and not any(n in _annotated_nodes(gm) for n in nodes):
-        return [f"{anchor.name!r} ({_op_name(anchor)}) is not annotated"]
+        return [f"{anchor.name!r} ({anchor.target}) is not annotated"]
     problems = [
         f"{n.name!r} carries quantization specs but is not marked annotated (mark_annotated): a later quantizer "
         "would annotate it again"
@@ -451,7 +466,7 @@ def _covered_nodes(gm: GraphModule, chains: list[Chain]) -> set[Node]:
 def _undeclared(gm: GraphModule, chains: list[Chain], mode: Mode) -> list[str]:
     covered = _covered_nodes(gm, chains)
     return [
-        f"annotates {n.name!r} ({_op_name(n)}) in mode {mode}, but no declared pattern of that mode occurs there "
+        f"annotates {n.name!r} ({n.target}) in mode {mode}, but no declared pattern of that mode occurs there "
         "(a fused pattern covers its ops only where the whole pattern occurs)"
         for n in _annotated_nodes(gm)
         if n not in covered

@@ -8,7 +8,7 @@ __all__ = ["DYNAMIC_PATTERNS", "QAT_ONLY_PATTERNS", "STATIC_PATTERNS", "declared
 
 #: Patterns a static (post-training) config annotates. relu / hardtanh / relu6 after a conv
 #: share the conv's output qparams (conv2d_hardtanh, conv2d_relu6); the shape and reduction
-#: ops share their quantized input's qparams.
+#: ops, and relu / hardtanh / relu6 anywhere else, share their quantized input's qparams.
 STATIC_PATTERNS = (
     "conv1d",
     "conv1d_relu",
@@ -36,6 +36,9 @@ STATIC_PATTERNS = (
     "slice",
     "flatten",
     "dropout",
+    "relu",
+    "hardtanh",
+    "relu6",
 )
 #: Patterns a dynamic config annotates (conv only with a 4-D, non-depthwise weight).
 DYNAMIC_PATTERNS = ("conv2d", "conv_transpose2d", "linear")
@@ -52,7 +55,8 @@ QAT_ONLY_PATTERNS = (
 )
 _WEIGHTED = ("conv", "linear")
 #: ops that take their input's qparams: cat and adaptive_avg_pool2d as patterns of their own,
-#: the rest only where a producer's output is quantized (by any quantizer)
+#: the rest only where a producer's output is quantized (by any quantizer: a cat, a mean, a
+#: pooling... of its own, or another quantizer's op with output qparams)
 _SHARES_INPUT = ("cat", "adaptive_avg_pool2d")
 _PROPAGATED = (
     "max_pool2d",
@@ -65,6 +69,9 @@ _PROPAGATED = (
     "slice",
     "flatten",
     "dropout",
+    "relu",
+    "hardtanh",
+    "relu6",
 )
 #: hardtanh / relu6 after a conv (or its batch norm) share the conv's quantized output: two
 #: quantized steps, not one fused unit
