@@ -23,15 +23,24 @@ or module activations; standalone conv1d is quantized too. Configs are applied m
 > operator type > global; ``None`` leaves the matched nodes float and records why in
 ``node.meta[quantweave.plugin_api.SKIP_REASON_KEY]`` (through ``set_skip_reason``).
 
+A conv with a string padding (``padding="valid"``, or ``"same"`` padding both sides alike:
+``dilation * (kernel - 1)`` even) is quantized as the conv with explicit padding it equals:
+``transform_for_annotation`` rewrites it so (on a new GraphModule), and inductor lowers it
+to the same int8 conv. ``"same"`` that pads one side more (an even kernel) stays float,
+with a reason: inductor would run it as a float conv between dequantize and quantize.
+
 Every node whose op is in one of x86's patterns and that x86 leaves float gets a reason
 too (``set_skip_reason``), read by ``quantweave.annotation_report``: the rule that did not
 apply here (pooling whose input is not quantized by an x86 pattern, an activation that
 does not follow a conv / linear it can fuse with, a flatten with no quantized consumer, a
-mul of differently shaped tensors, matmul not enabled, no config covering the node...).
+mul of differently shaped tensors, matmul not enabled, no config covering the node, an
+in-place add / mul...). In-place ops count as their functional op
+(``quantweave.capabilities.vocabulary_op``).
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -42,7 +51,7 @@ import torch.nn.functional as F
 from torch.fx import GraphModule, Node
 
 import quantweave as qw
-from quantweave.capabilities import tensor_quant_from_spec
+from quantweave.capabilities import tensor_quant_from_spec, vocabulary_op
 from quantweave.observers import (
     FakeQuantize,
     FusedMovingAvgObsFakeQuantize,
@@ -72,6 +81,8 @@ KEY = ANNOTATION_KEY
 _CONV2D = aten.conv2d.default
 _CONV1D = aten.conv1d.default
 _LINEAR = aten.linear.default
+#: convs with a string padding ("same" / "valid") -> the conv they are rewritten as
+_PADDING_CONVS = {aten.conv1d.padding: _CONV1D, aten.conv2d.padding: _CONV2D}
 _ADD = (aten.add.Tensor,)
 _RELU = (aten.relu.default, aten.relu_.default)
 _CONV_UNARY = (
@@ -330,6 +341,15 @@ class X86InductorQuantizer(qw.Quantizer):
             is_qat=self.global_config.is_qat,
         )
 
+    # -- transform and annotation ------------------------------------------------------------------
+
+    def transform_for_annotation(self, model: GraphModule) -> GraphModule:
+        """A conv1d / conv2d with ``padding="valid"``, or ``"same"`` padding both sides alike,
+        becomes the conv with explicit padding it equals (x86's patterns, and inductor's int8
+        conv, take it so). Returns a new GraphModule (sharing ``model``'s tensors) when
+        anything changes; ``model`` itself is never modified."""
+        return _explicit_padding_convs(model)
+
     # -- annotation --------------------------------------------------------------------------------
 
     def _stages(self) -> list[_Stage]:
@@ -376,7 +396,9 @@ class X86InductorQuantizer(qw.Quantizer):
         belongs to one of x86's patterns stayed float. A reason another quantizer (an earlier
         member of a composition) already recorded is kept."""
         for node in model.graph.nodes:
-            if node.op != "call_function" or str(node.target) not in _EXPLAINED_OPS or is_annotated(node):
+            if node.op != "call_function" or is_annotated(node):
+                continue
+            if vocabulary_op(str(node.target)) not in _EXPLAINED_OPS:
                 continue
             if isinstance(node.meta.get(SKIP_REASON_KEY), str):
                 continue
@@ -394,6 +416,8 @@ class X86InductorQuantizer(qw.Quantizer):
     def _why_float(self, node: Node) -> str:
         op = _short(node)
         target = node.target
+        if target in _PADDING_CONVS:
+            return _why_padding_conv_float(node)
         if target == aten.matmul.default and not self.enable_matmul and target not in self.operator_type_qconfig:
             return (
                 "matmul is opt-in: X86InductorQuantizer(enable_matmul=True) or "
@@ -413,6 +437,12 @@ class X86InductorQuantizer(qw.Quantizer):
             return _why_fused_float(node, producers, f"{op} is quantized by x86 only fused after {patterns}")
         if target in (aten.mul.Tensor, aten.matmul.default):
             return _why_two_inputs_float(node)
+        functional = vocabulary_op(str(target))
+        if functional != str(target) and target not in _IN_PLACE_MATCHED:
+            return (
+                f"{op} is in place: x86 quantizes {functional.split('.')[1]} only as the functional op "
+                f"({functional}); write it out of place (x = x + y, not x += y) to have it quantized"
+            )
         if target == aten.cat.default:
             for i in node.all_input_nodes:
                 if not _ends_quantized_pattern(i):
@@ -494,7 +524,9 @@ _FUSES_AFTER: dict[Any, tuple[tuple[Any, ...], str]] = {
     **dict.fromkeys((aten.leaky_relu.default, aten.tanh.default, aten.gelu.default), ((_LINEAR,), "linear")),
     aten.batch_norm.default: ((_CONV2D,), "conv2d (QAT; in post-training batch norm is folded into the conv)"),
 }
-# every op of a pattern x86 can declare
+# in-place ops x86 matches as their functional op (fused after a conv / linear)
+_IN_PLACE_MATCHED = frozenset((*_RELU, *_CONV_UNARY, *_LINEAR_UNARY))
+# every op of a pattern x86 can declare (in-place ops count as their functional op)
 _EXPLAINED_OPS = frozenset(
     op for cap in declared_capabilities(is_qat=True, enable_matmul=True) for op in cap.ops
 ) | frozenset(str(t) for t in (*_RELU, *_CONV_UNARY, *_LINEAR_UNARY))
@@ -534,6 +566,8 @@ def _why_fused_float(node: Node, producers: tuple[Any, ...], rule: str) -> str:
     first = node.args[0] if node.args else None
     if not isinstance(first, Node):
         return f"{rule}; its input is not a graph tensor"
+    if first.target in _PADDING_CONVS and _padding_of(first) is None:
+        return f"{rule}; here it follows {_named(first)}, which stays float: {_why_padding_conv_float(first)}"
     if first.target not in producers:
         return f"{rule}; here it follows {_named(first)}"
     if len(first.users) > 1:
@@ -555,6 +589,74 @@ def _why_add_float(node: Node) -> str:
     if len(producer.users) > 1:
         return f"{rule}; its input {_named(producer)} has other users, so they cannot be fused"
     return f"{rule}; its input {_what_is(producer)}"
+
+
+def _padding_of(node: Node) -> list[int] | None:
+    """The explicit padding of the conv that equals ``node`` (a conv with a string padding),
+    or None when there is none: ``"same"`` with an odd ``dilation * (kernel - 1)`` pads one
+    side more than the other (torch pads the extra element at the end)."""
+    names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+    given: dict[str, Any] = {**dict(zip(names, node.args, strict=False)), **node.kwargs}
+    weight = given.get("weight")
+    val = weight.meta.get("val") if isinstance(weight, Node) else None
+    if not isinstance(val, torch.Tensor):
+        return None
+    kernel = list(val.shape[2:])
+    padding = given.get("padding", "valid")
+    if padding == "valid":
+        return [0] * len(kernel)
+    if padding != "same":
+        return None
+    dilation = given.get("dilation", 1)
+    dilations = [dilation] * len(kernel) if isinstance(dilation, int) else list(dilation)
+    totals = [d * (k - 1) for d, k in zip(dilations, kernel, strict=True)]
+    if any(not isinstance(t, int) or t % 2 for t in totals):
+        return None
+    return [t // 2 for t in totals]
+
+
+def _explicit_padding_convs(model: GraphModule) -> GraphModule:
+    todo = [
+        n.name
+        for n in model.graph.nodes
+        if n.op == "call_function" and n.target in _PADDING_CONVS and _padding_of(n) is not None
+    ]
+    if not todo:
+        return model
+    graph = copy.deepcopy(model.graph)  # nodes and meta dicts are new; tensors are not copied
+    result = GraphModule(model, graph)
+    result.meta.update(model.meta)
+    by_name = {n.name: n for n in graph.nodes}
+    names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+    defaults: dict[str, Any] = {"bias": None, "stride": 1, "dilation": 1, "groups": 1}
+    for name in todo:
+        node = by_name[name]
+        given: dict[str, Any] = {**defaults, **dict(zip(names, node.args, strict=False)), **node.kwargs}
+        padding = _padding_of(node)
+        assert padding is not None
+        for key in ("stride", "dilation"):  # the .default overloads take one int per dimension
+            if isinstance(given[key], int):
+                given[key] = [given[key]] * len(padding)
+        given["padding"] = padding
+        node.target = _PADDING_CONVS[node.target]
+        node.args = tuple(given[n] for n in names)
+        node.kwargs = {}
+    result.recompile()
+    return result
+
+
+def _why_padding_conv_float(node: Node) -> str:
+    op = _short(node)
+    if _padding_of(node) is None:
+        return (
+            f"{op} with padding='same' pads one side more than the other here (dilation * (kernel - 1) is odd): "
+            "x86 quantizes a conv whose padding is the same on both sides (inductor would run this one as a float "
+            "conv between dequantize and quantize)"
+        )
+    return (
+        f"{op} with a string padding is quantized once X86InductorQuantizer.transform_for_annotation has written "
+        "it as the conv with explicit padding it equals (prepare_pt2e calls it); this graph was annotated without it"
+    )
 
 
 def _why_two_inputs_float(node: Node) -> str:
