@@ -1,4 +1,10 @@
-"""An int8 quantizer for conv2d and linear, written on quantweave's public API only."""
+"""An int8 quantizer for conv2d and linear, written on quantweave's public API only.
+
+Ops are compared as the pattern vocabulary knows them (``vocabulary_op``): ``relu_``
+(``nn.ReLU(inplace=True)``) is a relu, a conv with ``padding="same"`` is a conv2d. Every
+node of a declared op the quantizer leaves float gets a reason (``set_skip_reason``), which
+``quantweave.annotation_report`` shows.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +12,20 @@ import torch
 from torch.fx import GraphModule, Node
 
 import quantweave as qw
+from quantweave.capabilities import vocabulary_op
 from quantweave.observers import HistogramObserver, PerChannelMinMaxObserver, PlaceholderObserver
-from quantweave.plugin_api import FLOAT, Capability, Mode, Quant, TensorQuant, mark_annotated
+from quantweave.plugin_api import (
+    FLOAT,
+    SKIP_REASON_KEY,
+    Capability,
+    Mode,
+    Quant,
+    TensorQuant,
+    mark_annotated,
+    set_skip_reason,
+)
 
-aten = torch.ops.aten
+CONV2D, LINEAR, RELU = "aten.conv2d.default", "aten.linear.default", "aten.relu.default"
 
 ACT = TensorQuant("int8", -128, 127, "per_tensor", symmetric=True)
 WEIGHT = TensorQuant("int8", -127, 127, "per_channel", symmetric=True, ch_axis=0)
@@ -53,16 +69,18 @@ class TemplateQuantizer(qw.Quantizer):
         )
 
     def annotate(self, model: GraphModule) -> GraphModule:
-        targets = (aten.linear.default,) if self.is_dynamic else (aten.linear.default, aten.conv2d.default)
+        targets = (LINEAR,) if self.is_dynamic else (LINEAR, CONV2D)
         for node in model.graph.nodes:
-            if node.op != "call_function" or node.target not in targets or qw.is_annotated(node):
+            if node.op != "call_function" or _op(node) not in targets or qw.is_annotated(node):
                 continue
             self._annotate_weighted(node)
+        self._explain_float(model)
         return model
 
     def _annotate_weighted(self, node: Node) -> None:
         x, weight = node.args[0], node.args[1]
         if not isinstance(x, Node) or not isinstance(weight, Node):
+            set_skip_reason(node, "its input or weight is not a graph tensor (the template quantizes only those)")
             return
         qw.annotate_input_qspec_map(node, x, self.act)
         qw.annotate_input_qspec_map(node, weight, self.weight)
@@ -70,11 +88,32 @@ class TemplateQuantizer(qw.Quantizer):
         if self.is_dynamic:
             return  # dynamic: outputs stay float
         users = list(node.users)
-        if len(users) == 1 and users[0].target in (aten.relu.default, aten.relu_.default):
+        if len(users) == 1 and _op(users[0]) == RELU:
             qw.annotate_output_qspec(users[0], self.act)
             mark_annotated(users[0])
         else:
             qw.annotate_output_qspec(node, self.act)
+
+    def _explain_float(self, model: GraphModule) -> None:
+        """A reason on every relu the template leaves float (it declares relu only fused
+        after its own conv2d / linear); a reason an earlier quantizer recorded is kept."""
+        for node in model.graph.nodes:
+            if node.op != "call_function" or _op(node) != RELU or qw.is_annotated(node):
+                continue
+            if isinstance(node.meta.get(SKIP_REASON_KEY), str):
+                continue
+            rule = "the template quantizes relu only fused after its conv2d / linear (conv2d_relu, linear_relu)"
+            if self.is_dynamic:
+                rule = "dynamic mode quantizes linear only, relu stays float"
+            producer = node.args[0] if node.args else None
+            if not isinstance(producer, Node):
+                set_skip_reason(node, f"{rule}; its input is not a graph tensor")
+            elif producer.op != "call_function" or _op(producer) not in (CONV2D, LINEAR):
+                set_skip_reason(node, f"{rule}; here it follows {producer.name}")
+            elif len(producer.users) > 1:
+                set_skip_reason(node, f"{rule}; its input {producer.name} has other users, so they are not fused")
+            else:
+                set_skip_reason(node, f"{rule}; its input {producer.name} was not quantized by the template")
 
     def quantization_capabilities(self) -> tuple[Capability, ...]:
         mode = Mode.DYNAMIC if self.is_dynamic else Mode.STATIC
@@ -83,3 +122,8 @@ class TemplateQuantizer(qw.Quantizer):
     def __repr__(self) -> str:
         # name and configuration: what a user needs to tell two quantizers apart in a log
         return f"{type(self).__name__}(name={self.name!r}, is_dynamic={self.is_dynamic})"
+
+
+def _op(node: Node) -> str:
+    """The op ``node`` computes, as the pattern vocabulary names it (in place or not)."""
+    return vocabulary_op(str(node.target))
