@@ -109,22 +109,40 @@ def _report_row(prepared, quantizer, name):
     return next((r for r in qw.annotation_report(prepared, quantizer).nodes if r.node == name), None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="issue #13: the template declares conv2d_relu / linear_relu and leaves any other relu float "
-    "without set_skip_reason, so the report says 'unexplained' (fuzz gap template-relu-without-reason)",
-)
-def test_template_says_why_a_relu_stays_float():
-    class SigmoidRelu(torch.nn.Module):
-        def forward(self, x):
-            return torch.relu(torch.sigmoid(x))
+class SigmoidRelu(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(torch.sigmoid(x))
 
+
+class SharedConvRelu(torch.nn.Module):
+    """A conv whose output feeds a relu and the model output: not fusable."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return torch.relu(y), y
+
+
+@pytest.mark.parametrize(
+    ("model", "x", "said"),
+    [
+        (SigmoidRelu(), torch.randn(2, 4), "here it follows sigmoid"),
+        (SharedConvRelu(), torch.randn(1, 3, 8, 8), "its input conv2d has other users"),
+    ],
+)
+def test_template_says_why_a_relu_stays_float(model, x, said):
+    """Before (fuzz gap template-relu-without-reason, issue #13): the template declares
+    conv2d_relu / linear_relu and left any other relu float without set_skip_reason, so the
+    report said 'unexplained'. Now the reason names the rule and what the relu follows."""
     quantizer = qw.get_quantizer("template")
-    prepared = qw.prepare_pt2e(export(SigmoidRelu(), torch.randn(2, 4)), quantizer)
+    prepared = qw.prepare_pt2e(export(model, x), quantizer)
     row = _report_row(prepared, quantizer, "relu")
     assert row is not None and row.status == "float"
-    assert row.kind != "unexplained", row.reason
+    assert row.kind == "not_applicable", row
+    assert "only fused after its conv2d / linear" in row.reason and said in row.reason, row.reason
 
 
 class ConvInPlaceRelu(torch.nn.Module):
@@ -137,11 +155,27 @@ class ConvInPlaceRelu(torch.nn.Module):
         return self.relu(self.conv(x))
 
 
+def test_inplace_ops_are_matched_as_their_functional_op():
+    """Before (fuzz gap inplace-op-not-in-vocabulary, issue #13): x86 fused a conv with
+    ``nn.ReLU(inplace=True)`` but no declared pattern matched ``relu_``. Now the vocabulary
+    matches an in-place op as its functional op: the conformance kit's rule finds the x86
+    annotation inside a declared conv2d_relu."""
+    from quantweave._modules.patterns import chain_of, matches
+
+    quantizer = qw.get_quantizer("x86")
+    prepared = qw.prepare_pt2e(export(ConvInPlaceRelu(), torch.randn(1, 3, 8, 8)), quantizer)
+    relu = next(n for n in prepared.graph.nodes if n.target == aten.relu_.default)
+    conv = next(n for n in prepared.graph.nodes if n.target == aten.conv2d.default)
+    assert qw.is_annotated(relu)
+    assert matches(prepared.graph, chain_of(qw.capabilities.PATTERNS["conv2d_relu"][1])) == [(conv, relu)]
+
+
 @pytest.mark.xfail(
     strict=True,
     raises=AssertionError,
-    reason="issue #13: in-place ops (relu_, add_, mul_, hardtanh_) are not in the pattern vocabulary, so the "
-    "report does not list them although quantizers claim them (fuzz gap inplace-op-not-in-report)",
+    reason="issue #13: the report (core/src/quantweave/report.py, not changed yet) compares str(node.target) "
+    "with the vocabulary, so it does not list in-place ops although quantizers claim them; the fix is to "
+    "compare quantweave.capabilities.vocabulary_op(...) (fuzz gap inplace-op-not-in-report)",
 )
 def test_report_lists_inplace_ops():
     quantizer = qw.get_quantizer("x86")
@@ -160,12 +194,31 @@ class SameConv(torch.nn.Module):
         return self.conv(x)
 
 
+def test_a_padding_same_conv_is_matched_as_a_conv():
+    """Before (fuzz gap conv-padding-overload-not-in-vocabulary, issue #13): xnnpack
+    quantized ``aten.conv2d.padding`` with no declaration covering it. Now the vocabulary
+    matches it as the conv2d it is."""
+    from quantweave._modules.patterns import chain_of, matches
+
+    quantizer = qw.get_quantizer("xnnpack")
+    prepared = qw.prepare_pt2e(export(SameConv(), torch.randn(1, 3, 8, 8)), quantizer)
+    conv = next(n for n in prepared.graph.nodes if n.target == aten.conv2d.padding)
+    assert qw.is_annotated(conv)
+    covered = {
+        n
+        for cap in quantizer.quantization_capabilities()
+        for occ in matches(prepared.graph, chain_of(cap.ops))
+        for n in occ
+    }
+    assert conv in covered
+
+
 @pytest.mark.xfail(
     strict=True,
     raises=AssertionError,
-    reason="issue #13: aten.conv2d.padding (padding='same' / 'valid') is not in the pattern vocabulary: the "
-    "report does not list such convs and no declaration covers xnnpack quantizing them "
-    "(fuzz gaps conv-padding-overload-not-in-report / -not-in-vocabulary)",
+    reason="issue #13: the report (core/src/quantweave/report.py, not changed yet) compares str(node.target) "
+    "with the vocabulary, so it does not list aten.conv2d.padding (padding='same' / 'valid'); the fix is to "
+    "compare quantweave.capabilities.vocabulary_op(...) (fuzz gap conv-padding-overload-not-in-report)",
 )
 def test_report_lists_a_padding_same_conv():
     quantizer = qw.get_quantizer("xnnpack")
@@ -175,28 +228,28 @@ def test_report_lists_a_padding_same_conv():
     assert _report_row(prepared, quantizer, conv.name) is not None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="x86 matches aten.conv2d.default only: a model of padding='same' convs is silently left float "
-    "(as torchao 0.18's X86InductorQuantizer does) and, the op being outside the vocabulary, the report "
-    "does not say so",
-)
 def test_x86_quantizes_a_padding_same_conv():
+    """Before: x86 matched aten.conv2d.default only, so a model of padding='same' convs was
+    silently left float (as torchao 0.18's X86InductorQuantizer does). Now
+    transform_for_annotation writes such a conv as the conv2d with explicit padding it
+    equals (the caller's graph untouched), and x86 quantizes it; tests/x86 lowers one."""
+    x = torch.randn(1, 3, 8, 8)
+    gm = export(SameConv(), x)
+    code = gm.code
     quantizer = qw.get_quantizer("x86")
-    prepared = qw.prepare_pt2e(export(SameConv(), torch.randn(1, 3, 8, 8)), quantizer)
-    conv = next(n for n in prepared.graph.nodes if n.target == aten.conv2d.padding)
-    assert qw.is_annotated(conv)
+    prepared = qw.prepare_pt2e(gm, quantizer)
+    assert gm.code == code and any(n.target == aten.conv2d.padding for n in gm.graph.nodes)
+    (conv,) = [n for n in prepared.graph.nodes if n.target == aten.conv2d.default]
+    assert qw.is_annotated(conv) and list(conv.args[4]) == [1, 1]
+    prepared(x)
+    assert torch.allclose(qw.convert_pt2e(prepared)(x), gm(x), atol=0.1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="quantweave-xnnpack shares its producer's qparams on relu / hardtanh / pooling / shape ops after "
-    "any producer with output qparams (here a cat), but declares them only after its conv / linear / add / "
-    "mul (fuzz gap xnnpack-shared-op-after-an-undeclared-producer)",
-)
 def test_xnnpack_declares_the_relu_it_quantizes_after_a_cat():
+    """Before (fuzz gap xnnpack-shared-op-after-an-undeclared-producer): xnnpack shared a
+    cat's qparams on the relu after it, but declared relu only after its conv / linear / add
+    / mul. Now it declares relu, hardtanh and relu6 quantized after any quantized producer
+    (input_from "any")."""
     from quantweave._modules.patterns import chain_of, matches
 
     class CatRelu(torch.nn.Module):

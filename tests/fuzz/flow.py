@@ -19,7 +19,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 import quantweave as qw
-from quantweave.capabilities import Capability, Mode
+from quantweave.capabilities import Capability, Mode, vocabulary_op
 from quantweave.observers import ObserverBase
 from quantweave.plugin_api import ANNOTATION_KEY
 
@@ -330,16 +330,16 @@ def _users(gm: GraphModule, node: Node) -> list[Node]:
 
 
 def functional_name(op: str) -> str:
-    """``aten.relu_.default`` -> ``aten.relu.default``; other names unchanged."""
-    parts = op.split(".")
-    if len(parts) == 3 and parts[1].endswith("_") and not parts[1].startswith("_"):
-        return ".".join((parts[0], parts[1][:-1], parts[2]))
-    return op
+    """The op the pattern vocabulary knows ``op`` as (``quantweave.capabilities.vocabulary_op``):
+    ``aten.relu_.default`` -> ``aten.relu.default``, ``aten.conv2d.padding`` ->
+    ``aten.conv2d.default``; other names unchanged."""
+    return vocabulary_op(op)
 
 
 def occurrences(gm: GraphModule, ops: tuple[str, ...], functional: bool = False) -> list[tuple[Node, ...]]:
     """Occurrences of a pattern's op chain in a prepared graph, seen through observers
-    (``functional``: an in-place op matches its functional op)."""
+    (``functional``: a node matches as its vocabulary op, an in-place op as its functional
+    op, a conv with a string padding as the conv)."""
     from quantweave._modules.patterns import chain_of
 
     chain = chain_of(ops)

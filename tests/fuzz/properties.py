@@ -3,8 +3,8 @@
 Each check returns a list of problems in words (empty: the property holds). The tests
 assert the list is empty, so a failure prints every broken property of the example.
 
-Known gaps (issue #13: reasons the plugins do not give yet; in-place ops outside the
-pattern vocabulary) are excused here *narrowly*, and each is pinned by a strict xfail in
+Known gaps (the report not listing in-place ops and string-padding convs yet; xnnpack's
+clamps after a wide input) are excused here *narrowly*, and each is pinned by a strict xfail in
 ``tests/core/test_fuzz_regressions.py``: when a gap is closed, its xfail passes, the strict
 marker fails the suite, and the excuse below must be removed with it.
 """
@@ -60,61 +60,15 @@ def weight_bits(config: QConfig) -> int:
 
 # -- known gaps, each with a strict xfail twin in tests/core/test_fuzz_regressions.py -------
 
-#: ops xnnpack quantizes only by sharing its producer's output qparams
-XNNPACK_SHARED = frozenset(
-    {
-        "aten.relu.default",
-        "aten.hardtanh.default",
-        "aten.relu6.default",
-        "aten.max_pool2d.default",
-        "aten.mean.dim",
-        "aten.permute.default",
-        "aten.transpose.int",
-        "aten.view.default",
-        "aten.reshape.default",
-        "aten.squeeze.dim",
-        "aten.slice.Tensor",
-        "aten.flatten.using_ints",
-        "aten.dropout.default",
-        "aten.adaptive_avg_pool2d.default",
-    }
-)
-#: (quantizer name, op) pairs left float without a reason, known (issue #13)
-NO_REASON_GAPS: dict[tuple[str, str], str] = {
-    # the template declares conv2d_relu / linear_relu; a relu after anything else stays float
-    # without a reason (test_template_says_why_a_relu_stays_float)
-    ("template", "aten.relu.default"): "template-relu-without-reason",
-}
-
-
-#: the conv overloads ``padding="same"`` / ``"valid"`` export to: not in the pattern
-#: vocabulary (test_report_lists_a_padding_same_conv)
-PADDING_OVERLOADS = frozenset({"aten.conv1d.padding", "aten.conv2d.padding", "aten.conv3d.padding"})
-
-
-def _undeclared_gap(by: str, node: Node) -> str | None:
-    """The known gap that explains an annotation outside every declared pattern, if any."""
-    op = functional_name(str(node.target))
-    if op in PADDING_OVERLOADS:
-        return "conv-padding-overload-not-in-vocabulary"
-    annotation = node.meta.get(ANNOTATION_KEY)
-    if (
-        _base_name(by) == "xnnpack"
-        and op in XNNPACK_SHARED
-        and isinstance(getattr(annotation, "output_qspec", None), qw.SharedQuantizationSpec)
-    ):
-        # xnnpack shares its producer's qparams on these after any producer with output
-        # qparams, and declares them only after its conv / linear / add / mul
-        # (test_xnnpack_declares_the_relu_it_quantizes_after_a_cat)
-        return "xnnpack-shared-op-after-an-undeclared-producer"
-    return None
-
 
 def _base_name(label: str) -> str:
     return label.split("#")[0]
 
 
-def _inplace(op: str) -> bool:
+def _vocabulary_alias(op: str) -> bool:
+    """An op the vocabulary matches as another (in place, a conv with a string padding),
+    which the report does not list yet (test_report_lists_inplace_ops,
+    test_report_lists_a_padding_same_conv)."""
     return functional_name(op) != op
 
 
@@ -309,16 +263,10 @@ def report_problems(flow: Flow, case: Case) -> list[str]:
     for row in report.nodes:
         if row.status == "float" and not row.reason:
             problems.append(f"{row.node} ({row.op}) is float with no reason")
-        if row.kind == "unexplained":
-            declarers = {_base_name(label) for label, _ in declared.get(row.op, [])}
-            gaps = {NO_REASON_GAPS.get((name, row.op)) for name in declarers}
-            if declarers and None not in gaps:
-                for gap in gaps:
-                    stats.GAPS[str(gap)] += 1
-                continue
+        if row.kind == "unexplained":  # no excuse left (the template's relu, issue #13, has a reason)
             problems.append(f"{row.node} ({row.op}) is float, unexplained: {row.reason}")
-        if row.kind == "undeclared" and row.op in declared:
-            who = sorted({label for label, _ in declared[row.op]})
+        if row.kind == "undeclared" and functional_name(row.op) in declared:
+            who = sorted({label for label, _ in declared[functional_name(row.op)]})
             problems.append(f"{row.node} ({row.op}) reported undeclared, but {who} declare a pattern with it")
     for node in flow.prepared.graph.nodes:
         annotation = node.meta.get(ANNOTATION_KEY)
@@ -326,11 +274,10 @@ def report_problems(flow: Flow, case: Case) -> list[str]:
             continue
         if not getattr(annotation, "_annotated", False) or SKIP_REASON_KEY in node.meta:
             continue
-        if _inplace(str(node.target)):
-            stats.GAPS["inplace-op-not-in-report"] += 1  # test_report_lists_inplace_ops
-            continue
-        if str(node.target) in PADDING_OVERLOADS:
-            stats.GAPS["conv-padding-overload-not-in-report"] += 1  # test_report_lists_a_padding_same_conv
+        if _vocabulary_alias(str(node.target)):
+            # test_report_lists_inplace_ops / test_report_lists_a_padding_same_conv
+            padding = str(node.target).endswith(".padding")
+            stats.GAPS["conv-padding-overload-not-in-report" if padding else "inplace-op-not-in-report"] += 1
             continue
         problems.append(f"{node.name} ({node.target}) was claimed by a quantizer but the report does not list it")
     return problems
@@ -338,8 +285,9 @@ def report_problems(flow: Flow, case: Case) -> list[str]:
 
 def declaration_problems(flow: Flow, case: Case) -> list[str]:
     """Nothing is quantized where no declared pattern occurs: every node a member put a
-    spec on is in an occurrence of a pattern that member declares (in-place ops count as
-    their functional op; known gaps excepted, see :data:`UNDECLARED_GAPS`)."""
+    spec on is in an occurrence of a pattern that member declares (a node counts as its
+    vocabulary op: in place as the functional op, a string-padding conv as the conv). No
+    known gap is excused here."""
     if flow.prepared is None or flow.quantizer is None:
         return []
     gm = flow.prepared
@@ -359,10 +307,6 @@ def declaration_problems(flow: Flow, case: Case) -> list[str]:
             continue
         by = str(node.meta.get(ANNOTATED_BY_KEY, default))
         if node in covered.get(by, set()):
-            continue
-        gap = _undeclared_gap(by, node)
-        if gap is not None:
-            stats.GAPS[gap] += 1
             continue
         problems.append(f"{by} quantized {node.name} ({node.target}) where none of its patterns occurs")
     return problems
