@@ -11,12 +11,14 @@ fresh ``prepare_pt2e`` (histogram ranges grow over the first batches, as in a re
 calibration); the reported ratio is the median over repetitions.
 
 Observer sets measured on the same models in the same run: torch's
-(``torch.ao.quantization.observer``: "before"), quantweave's default ones
-(``quantweave.observers``: "after") and, with histogram activations, the opt-in
-``quantweave.observers.FastHistogramObserver``; the converted models' qparams and outputs
-must be identical across all of them (checked, printed).
+(``torch.ao.quantization.observer``: "before") and quantweave's default ones
+(``quantweave.observers``: "after"; ``FastHistogramObserver``, the former opt-in class, is
+now another name of the default ``HistogramObserver``); the converted models' qparams and
+outputs must be identical across them (checked, printed). ``--histogram-only`` measures the
+histogram-activation rows only.
 
-    python benchmarks/bench_calibration.py [--quick] [--repeat N] [--batches N] [--threads N] [--json PATH]
+    python benchmarks/bench_calibration.py [--quick] [--repeat N] [--batches N] [--threads N] [--histogram-only]
+        [--json PATH]
 """
 
 from __future__ import annotations
@@ -45,22 +47,14 @@ OBSERVERS = ("MinMaxObserver", "HistogramObserver", "PerChannelMinMaxObserver")
 
 def observer_sets() -> dict[str, Any]:
     """'before': the reference quantizer's API with torch's observer classes; 'after':
-    quantweave's (the default ones); 'opt-in': FastHistogramObserver for activations."""
+    quantweave's (the default ones)."""
     import torch.ao.quantization.observer as torch_observers
-
-    from quantweave.observers import FastHistogramObserver
 
     after = quantweave_api()
     before = types.SimpleNamespace(**vars(after))
     for name in OBSERVERS:
         setattr(before, name, getattr(torch_observers, name))
-    fast = types.SimpleNamespace(**vars(after))
-    fast.HistogramObserver = FastHistogramObserver
-    return {
-        "before (torch observers)": before,
-        "after (quantweave default)": after,
-        "opt-in FastHistogramObserver": fast,
-    }
+    return {"before (torch observers)": before, "after (quantweave default)": after}
 
 
 def cases(quick: bool) -> list[tuple[str, Callable[[], torch.nn.Module], Callable[[int], tuple[torch.Tensor, ...]]]]:
@@ -116,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=None, help="fresh calibrations per configuration (median)")
     parser.add_argument("--batches", type=int, default=None, help="calibration batches")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--histogram-only", action="store_true", help="only the histogram-activation rows")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
@@ -134,12 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         model = factory()
         exported = torch.export.export(model, make(0)).module()
         batches = [make(100 + i) for i in range(n_batches)]
-        for histogram in (False, True):
+        for histogram in (True,) if args.histogram_only else (False, True):
             kind = "histogram" if histogram else "minmax"
             converted = {}
             for label, api in sets.items():
-                if label.startswith("opt-in") and not histogram:
-                    continue  # FastHistogramObserver changes histogram activations only
                 ratio, f_ms, c_ms, prepared = measure(exported, api, histogram, batches, repeat)
                 converted[label] = qw.convert_pt2e(prepared)
                 print(f"{name:<24} {kind:<10} | {label:<29} {f_ms:9.2f} {c_ms:9.2f} {ratio:5.2f}x", flush=True)

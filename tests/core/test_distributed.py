@@ -340,6 +340,37 @@ def test_histogram_qparams_unchanged_by_a_one_process_sync():
     assert all(torch.equal(S.qparams(prepared)[k][0], v[0]) for k, v in expected.items())
 
 
+def test_quantweave_s_and_torch_s_histogram_observers_merge_alike_and_an_overriding_subclass_is_refused():
+    from torch.ao.quantization.observer import HistogramObserver as TorchHistogramObserver
+
+    from quantweave.observers import FastHistogramObserver
+
+    batches = S.small_batches()
+    merged = {}
+    for label, ctr in (("quantweave", S.HistogramObserver), ("torch", TorchHistogramObserver)):
+        prepared = one_process(S.prepared_small(ctr, S.PerChannelMinMaxObserver), batches)
+        before = S.states(prepared)
+        summary = sync_observers(prepared)
+        assert summary.merged["histogram"] == 4 and summary.exact, label
+        assert_same_states(S.states(prepared), before)
+        merged[label] = S.states(prepared)
+    assert_same_states(merged["quantweave"], merged["torch"])  # the same state, observer for observer
+    assert FastHistogramObserver is S.HistogramObserver  # the former opt-in name: merged too
+
+    class Clipping(S.HistogramObserver):
+        def forward(self, x_orig: torch.Tensor) -> torch.Tensor:
+            return super().forward(x_orig.clamp(-1, 1))
+
+    prepared = one_process(S.prepared_small(Clipping, S.PerChannelMinMaxObserver), batches)
+    before = S.states(prepared)
+    with pytest.raises(DistributedSyncError) as error:
+        sync_observers(prepared)
+    message = str(error.value)
+    assert "subclasses quantweave.observers.HistogramObserver but overrides forward" in message, message
+    assert "Clipping" in message
+    assert_same_states(S.states(prepared), before)
+
+
 def test_distributed_sync_error_is_a_runtime_error():
     assert issubclass(DistributedSyncError, RuntimeError)
     assert qw.errors.DistributedSyncError is DistributedSyncError

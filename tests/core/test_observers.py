@@ -1,5 +1,7 @@
 """quantweave.observers: our HistogramObserver search gives torch's exact qparams."""
 
+import math
+
 import pytest
 import torch
 from torch.ao.quantization.observer import HistogramObserver as TorchHistogramObserver
@@ -73,21 +75,125 @@ def _same_state(ours, theirs, names=("min_val", "max_val")) -> bool:
     ("dtype", "qscheme", "qmin", "qmax"),
     [(torch.quint8, torch.per_tensor_affine, 0, 255), (torch.qint8, torch.per_tensor_symmetric, -128, 127)],
 )
-def test_histogram_observers_keep_torch_s_histogram_state_and_qparams(kind, bins, dtype, qscheme, qmin, qmax):
-    from quantweave.observers import FastHistogramObserver
-
+def test_histogram_observer_keeps_torch_s_histogram_state_and_qparams_after_every_batch(
+    kind, bins, dtype, qscheme, qmin, qmax
+):
     data = ADVERSARIAL[kind](torch.Generator().manual_seed(5))
     kwargs = {"bins": bins, "dtype": dtype, "qscheme": qscheme, "quant_min": qmin, "quant_max": qmax}
-    theirs = TorchHistogramObserver(**kwargs)
-    ours = [HistogramObserver(**kwargs), FastHistogramObserver(**kwargs)]
+    theirs, ours = TorchHistogramObserver(**kwargs), HistogramObserver(**kwargs)
     for chunk in data.split(500):
-        for observer in (theirs, *ours):
-            observer(chunk)
+        theirs(chunk)
+        ours(chunk)
+        assert _same_state(ours, theirs, ("min_val", "max_val", "histogram"))
+    scale, zero_point = ours.calculate_qparams()
     expected = theirs.calculate_qparams()
-    for observer in ours:
-        assert _same_state(observer, theirs, ("min_val", "max_val", "histogram")), type(observer).__name__
-        scale, zero_point = observer.calculate_qparams()
-        assert torch.equal(scale, expected[0]) and torch.equal(zero_point, expected[1]), type(observer).__name__
+    assert torch.equal(scale, expected[0]) and torch.equal(zero_point, expected[1])
+
+
+def test_fast_histogram_observer_is_the_default_under_its_old_name():
+    from quantweave.observers import FastHistogramObserver
+
+    assert FastHistogramObserver is HistogramObserver
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_histogram_observer_matches_torch_on_activation_like_batches(seed):
+    """Shapes and ranges as in a calibration: 2-d and 4-d batches, post-ReLU, softmax-like,
+    growing and shrinking ranges, a batch with one value, a batch in [0, 0]."""
+    gen = torch.Generator().manual_seed(seed)
+    batches = [
+        torch.relu(torch.randn(2, 16, 9, 9, generator=gen)),
+        torch.softmax(torch.randn(4, 33, generator=gen) * 3, -1),
+        torch.randn(3, 700, generator=gen) * 4,
+        torch.full((5, 5), 2.5),
+        torch.randn(1, 128, 64, generator=gen) * 0.5,
+        torch.zeros(7),
+        torch.randn(64, generator=gen) * 40,
+        torch.randn(2, 3, generator=gen).t(),  # not contiguous
+    ]
+    order = torch.randperm(len(batches), generator=gen).tolist()
+    theirs, ours = TorchHistogramObserver(), HistogramObserver()
+    for i in order:
+        theirs(batches[i])
+        ours(batches[i])
+        assert _same_state(ours, theirs, ("min_val", "max_val", "histogram")), i
+    assert all(torch.equal(a, b) for a, b in zip(ours.calculate_qparams(), theirs.calculate_qparams(), strict=True))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_rebinning_is_torch_s_bit_for_bit(seed):
+    """``_upscale_histogram`` (run when a batch widens the range) against torch's, on
+    histograms with fractional counts (as after earlier re-binnings) and ranges from tiny to
+    huge, narrow and wide widenings."""
+    gen = torch.Generator().manual_seed(seed)
+    bins = (2048, 300, 64, 7)[seed % 4]
+    scale = 10.0 ** float(torch.randint(-30, 30, (1,), generator=gen))
+    lo = float(torch.randn(1, generator=gen)) * scale
+    hi = lo + float(torch.rand(1, generator=gen) + 1e-3) * scale
+    grow_lo, grow_hi = (float(v) * scale for v in torch.rand(2, generator=gen) ** 4)
+    ours, theirs = HistogramObserver(bins=bins), TorchHistogramObserver(bins=bins)
+    histogram = torch.rand(bins, generator=gen) ** 3 * 1e4 / 7  # fractional counts
+    ends = [torch.tensor(v, dtype=torch.float32) for v in (lo, hi, lo - grow_lo, hi + grow_hi)]
+    expected = theirs._upscale_histogram(histogram, *ends)
+    got = ours._upscale_histogram(histogram, *ends)
+    assert got.dtype == expected.dtype and torch.equal(got, expected)
+
+
+def test_counting_mid_points_below_boundaries_equals_searchsorted():
+    from quantweave.observers import _count_below
+
+    gen = torch.Generator().manual_seed(0)
+    cases = [
+        (-1.0, 1.0, -1.01, 1.0),
+        (-1.0, 1.0, -5.0, 5.0),
+        (1000.0, 1000.001, 999.9, 1000.1),
+        (0.0, 1e-30, -1e-30, 2e-30),
+    ]
+    cases += [(-3e38, 3e38, -3e38, 3e38), (0.0, 1.0, 0.0, 1.0)]
+    for _ in range(30):
+        lo, width = float(torch.randn(1, generator=gen)) * 5, float(torch.rand(1, generator=gen)) * 10 + 1e-6
+        cases.append((lo, lo + width, lo - width * float(torch.rand(1, generator=gen)), lo + width * 1.5))
+    for lo, hi, new_lo, new_hi in cases:
+        for parts, queries in ((32768, 2049), (4800, 301), (16, 2)):
+            padded = torch.empty(parts + 2)
+            torch.linspace(lo, hi, parts + 1, out=padded[1:])
+            padded[1:-1].add_(torch.tensor((hi - lo) / parts / 2, dtype=torch.float32))
+            padded[0], padded[-1] = -math.inf, math.inf
+            boundaries = torch.linspace(new_lo, new_hi, queries)
+            expected = torch.searchsorted(padded[1:-1], boundaries)
+            assert torch.equal(_count_below(padded, boundaries), expected), (lo, hi, new_lo, new_hi, parts)
+
+
+def test_segment_sum_adds_like_bincount():
+    from quantweave._modules.torch_compat import segment_sum
+
+    gen = torch.Generator().manual_seed(1)
+    values = torch.rand(5000, generator=gen) ** 4 * 1e6 / 3
+    cuts = torch.sort(torch.randint(0, 5001, (299,), generator=gen)).values
+    offsets = torch.cat([torch.tensor([0]), cuts, torch.tensor([5000])])  # empty runs included
+    index = torch.repeat_interleave(torch.arange(300), offsets.diff())
+    expected = torch.bincount(index, weights=values, minlength=300)
+    assert torch.equal(segment_sum(values, offsets), expected)
+
+
+@pytest.mark.parametrize("case", ["float64", "double_state", "infinity_later"])
+def test_histogram_observer_defers_to_torch_outside_its_fast_path(case):
+    import warnings
+
+    theirs, ours = TorchHistogramObserver(), HistogramObserver()
+    batches = [torch.randn(300), torch.randn(300) * 2]
+    if case == "float64":
+        batches = [b.double() for b in batches]
+    if case == "double_state":
+        theirs, ours = theirs.double(), ours.double()
+    if case == "infinity_later":
+        batches.append(torch.tensor([1.0, math.inf, -7.0]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for batch in batches:
+            theirs(batch)
+            ours(batch)
+            assert _same_state(ours, theirs, ("min_val", "max_val", "histogram"))
 
 
 @pytest.mark.parametrize(

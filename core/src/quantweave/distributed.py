@@ -9,12 +9,13 @@ initialized process group the calls act on one process (so the same script runs 
 - ``MinMaxObserver`` / ``PerChannelMinMaxObserver``: all-reduce of the minimum of
   ``min_val`` and of the maximum of ``max_val`` -- **exactly** the state one process reaches
   on the union of the shards, whatever the order.
-- ``HistogramObserver``: the global range is agreed first (all-reduce), each rank maps its
-  histogram onto it the way the observer itself re-bins when its range grows, and the
-  histograms are summed (all-reduce). When every rank already has the global range -- after
-  :func:`range_pass` -- nothing is re-binned and the result is **exactly** that of one
-  process running the same two passes on the union. Otherwise it is within the bound stated
-  in ``docs/distributed.md`` (one process is itself order-dependent by as much).
+- ``HistogramObserver`` (quantweave's, the default, and torch's): the global range is agreed
+  first (all-reduce), each rank maps its histogram onto it the way the observer itself
+  re-bins when its range grows, and the histograms are summed (all-reduce). When every rank
+  already has the global range -- after :func:`range_pass` -- nothing is re-binned and the
+  result is **exactly** that of one process running the same two passes on the union.
+  Otherwise it is within the bound stated in ``docs/distributed.md`` (one process is itself
+  order-dependent by as much).
 - ``MovingAverageMinMaxObserver`` / ``MovingAveragePerChannelMinMaxObserver``: the mean of
   the states of the ranks that saw data. Not what one process would compute (its state
   depends on the batch order); documented, not exact.
@@ -53,6 +54,7 @@ from .observers import (
     FakeQuantizeBase,
     FixedQParamsFakeQuantize,
     FixedQParamsObserver,
+    HistogramObserver,
     MinMaxObserver,
     MovingAverageMinMaxObserver,
     MovingAveragePerChannelMinMaxObserver,
@@ -77,11 +79,14 @@ UNSUPPORTED = "unsupported"
 #: Observer classes whose state can be merged, most specific first. A subclass is merged as
 #: the first class here it derives from, provided it keeps that class's ``forward`` (the
 #: state update); one that overrides it may keep a different state and is refused.
+#: quantweave's HistogramObserver has its own ``forward``, which keeps exactly the state of
+#: torch's (``tests/core/test_observers.py``), so it is listed as a class of its own.
 MERGEABLE: tuple[tuple[type[torch.nn.Module], str], ...] = (
     (MovingAveragePerChannelMinMaxObserver, MOVING_AVERAGE_PER_CHANNEL),
     (MovingAverageMinMaxObserver, MOVING_AVERAGE),
     (PerChannelMinMaxObserver, PER_CHANNEL),
     (MinMaxObserver, MINMAX),
+    (HistogramObserver, HISTOGRAM),
     (TorchHistogramObserver, HISTOGRAM),
 )
 _EXACT_KINDS = (MINMAX, PER_CHANNEL, HISTOGRAM)
@@ -186,12 +191,17 @@ def _classify(module: torch.nn.Module) -> tuple[str, str]:
         if isinstance(module, cls):
             if type(module).forward is not cls.forward:
                 return UNSUPPORTED, (
-                    f"it subclasses {cls.__qualname__} but overrides forward, so its state may not "
-                    f"mean what {cls.__qualname__}'s does"
+                    f"it subclasses {_class_name(cls)} but overrides forward, so its state may not "
+                    f"mean what {_class_name(cls)}'s does"
                 )
             return kind, ""
-    names = ", ".join(cls.__qualname__ for cls, _ in MERGEABLE)
+    names = ", ".join(_class_name(cls) for cls, _ in MERGEABLE)
     return UNSUPPORTED, f"quantweave.distributed merges {names} and their subclasses that keep forward"
+
+
+def _class_name(cls: type) -> str:
+    """``torch.ao.quantization.observer.HistogramObserver``, ``quantweave.observers.HistogramObserver``."""
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _config(module: torch.nn.Module) -> tuple[Any, ...]:

@@ -24,6 +24,9 @@ the torch API and this module, on a torch that changed it:
 6. :func:`rebin_histogram` -- ``HistogramObserver._combine_histograms`` (private): maps a
    histogram onto a wider range exactly as the observer does when a batch widens its range,
    for merging the histograms of several processes (:mod:`quantweave.distributed`).
+7. :func:`segment_sum` -- ``torch.segment_reduce`` (documented, but marked beta): sums of
+   contiguous runs in index order, for re-binning a histogram the way ``bincount`` does
+   without its per-element scatter; ``bincount`` when torch no longer has it.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ __all__ = [
     "lazy_graph_module",
     "quantized_decomposed_ops",
     "rebin_histogram",
+    "segment_sum",
     "with_observer_kwargs",
 ]
 
@@ -171,3 +175,25 @@ def rebin_histogram(
     empty = torch.zeros(observer.bins, dtype=histogram.dtype, device=histogram.device)
     combined: torch.Tensor = observer._combine_histograms(histogram, min_val, max_val, empty, new_min, new_max)
     return combined
+
+
+# -- 7. segment sums ---------------------------------------------------------------------------
+
+
+def segment_sum(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """``out[j] = values[offsets[j]] + ... + values[offsets[j + 1] - 1]`` for a 1-d float
+    tensor and non-decreasing int64 ``offsets`` from 0 to ``len(values)``, each sum
+    accumulated in ``values``' dtype from 0 in index order (an empty run is 0) -- the same
+    additions, in the same order, as ``torch.bincount(index, weights=values)`` makes when
+    ``index`` is ``j`` on run ``j``, so the same bits.
+
+    ``torch.segment_reduce``'s CPU kernel sums each run sequentially from 0; without it
+    (a torch that removed it, or another device) the ``bincount`` itself."""
+    reduce = getattr(torch, "segment_reduce", None)
+    if reduce is not None and values.is_cpu:
+        result: torch.Tensor = reduce(values, "sum", offsets=offsets)
+        return result
+    runs = torch.repeat_interleave(
+        torch.arange(len(offsets) - 1, device=offsets.device), offsets.diff()
+    )  # pragma: no cover - torch without segment_reduce
+    return torch.bincount(runs, weights=values, minlength=len(offsets) - 1)  # pragma: no cover
