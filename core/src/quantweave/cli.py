@@ -12,14 +12,29 @@ plugin's distribution.
 
 ``quantweave new-plugin NAME [--dir DIR]``: generate a plugin project (see
 :mod:`quantweave.scaffold`).
+
+``quantweave compare MODEL --quantizer NAME [--option KEY=VALUE ...] [--calibration-batches N]
+[--compare-batches N] [--top N] [--json]``: quantize a model with an installed quantizer
+and show the numeric debugger (:func:`quantweave.compare`) in the annotation report: every
+node quantized or float (by whom, why), the compared ones with their op / model SQNR and
+max error, worst first. ``MODEL`` is ``path/to/file.py:function`` or
+``package.module:function``; the function takes no arguments and returns ``(model,
+batches)``: a float ``nn.Module`` (exported on the first batch, in eval mode) or the
+``torch.export(...).module()`` GraphModule, and a list of batches (tuples of model
+arguments, or tensors; one tuple is one batch), used to calibrate and then to compare.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib
+import importlib.util
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from ._modules.text import render_table
 from .capabilities import Mode
@@ -155,6 +170,29 @@ def main(argv: Sequence[str] | None = None, manager: PluginManager | None = None
     p_caps.add_argument(
         "--details", action="store_true", help="one row per capability: inputs, weight, bias, output, fusion"
     )
+    p_cmp = sub.add_parser(
+        "compare",
+        help="quantize a model and show per-node SQNR / max error (numeric debugger), worst first",
+        description="Quantize MODEL with an installed quantizer (prepare, calibrate on the batches, convert), then "
+        "compare the converted model with the float one op by op (quantweave.compare) and print the annotation "
+        "report with each compared node's op SQNR, max error and model SQNR, worst first. MODEL is "
+        "path/to/file.py:function or package.module:function; the function takes no arguments and returns "
+        "(model, batches): a float nn.Module (exported on the first batch, in eval mode) or an exported "
+        "GraphModule, and a list of batches (tuples of model arguments, or tensors).",
+    )
+    p_cmp.add_argument("model", metavar="MODEL", help="FILE.py:FUNCTION or MODULE:FUNCTION returning (model, batches)")
+    p_cmp.add_argument("--quantizer", required=True, help="an installed quantizer (see 'quantweave plugins')")
+    p_cmp.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a quantizer option (repeatable); VALUE is a Python literal (True, 0.5, 'x', [1, 2]) or a plain string",
+    )
+    p_cmp.add_argument("--calibration-batches", type=int, help="calibrate on the first N batches (default: all)")
+    p_cmp.add_argument("--compare-batches", type=int, help="compare on the first N batches (default: all)")
+    p_cmp.add_argument("--top", type=int, help="show at most N rows (the worst)")
+    p_cmp.add_argument("--json", action="store_true", help="print JSON (the compare result and the report)")
     p_new = sub.add_parser("new-plugin", help="generate a plugin project (package, quantizer, tests, pyproject)")
     p_new.add_argument("name", help="the plugin's name, e.g. 'acme' (distribution quantweave-acme)")
     p_new.add_argument("--dir", help="where to generate it (default: ./quantweave-NAME); must be absent or empty")
@@ -167,6 +205,8 @@ def main(argv: Sequence[str] | None = None, manager: PluginManager | None = None
     if args.command == "new-plugin":
         return _new_plugin(args.name, args.dir)
     manager = manager or default_manager()
+    if args.command == "compare":
+        return _compare(args, manager)
     if args.command == "plugins":
         print(render_plugins(manager, args.json))
         return 0
@@ -193,3 +233,163 @@ def _new_plugin(name: str, directory: str | None) -> int:
         print(f"  {path.relative_to(root)}")
     print(f"next: cd {root} && pip install torch==2.13.0 && pip install -e '.[test]' && pytest")
     return 0
+
+
+class CompareError(Exception):
+    """A bad argument of ``quantweave compare`` (the message names it)."""
+
+
+def _compare(args: argparse.Namespace, manager: PluginManager) -> int:
+    try:
+        return _run_compare(args, manager)
+    except CompareError as exc:
+        print(f"quantweave compare: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run_compare(args: argparse.Namespace, manager: PluginManager) -> int:
+    import torch
+
+    from .convert import convert_pt2e
+    from .errors import PluginError, UnknownQuantizerError
+    from .numerics import compare
+    from .prepare import prepare_pt2e
+    from .report import annotation_report
+
+    for flag in ("calibration_batches", "compare_batches", "top"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise CompareError(f"--{flag.replace('_', '-')} must be at least 1; got {value}")
+    options = _parse_options(args.option)
+    factory = _load_factory(args.model)
+    model, batches = _call_factory(factory, args.model)
+    try:
+        quantizer = manager.get_quantizer(args.quantizer, **options)
+    except (UnknownQuantizerError, TypeError, PluginError) as exc:
+        raise CompareError(f"--quantizer {args.quantizer}: {exc}") from exc
+    if not isinstance(model, torch.fx.GraphModule):
+        try:
+            model = torch.export.export(model.eval(), batches[0]).module()
+        except Exception as exc:
+            raise CompareError(
+                f"MODEL {args.model}: torch.export.export(model, first batch) failed: {type(exc).__name__}: {exc}"
+            ) from exc
+    calibration = batches[: args.calibration_batches]
+    compared = batches[: args.compare_batches]
+    step = "prepare_pt2e"
+    try:
+        prepared = prepare_pt2e(model, quantizer)
+        step = "calibration"
+        with torch.no_grad():
+            for batch in calibration:
+                prepared(*batch)
+        step = "convert_pt2e"
+        converted = convert_pt2e(prepared)
+        step = "quantweave.compare"
+        numerics = compare(model, converted, compared)
+        step = "annotation_report"
+        report = annotation_report(prepared, quantizer, numerics=numerics)
+    except Exception as exc:
+        print(
+            f"quantweave compare: {step} of MODEL {args.model} with --quantizer {args.quantizer} failed: "
+            f"{type(exc).__name__}: {exc}",
+            file=sys.stderr,
+        )
+        return 1
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "model": args.model,
+                    "quantizer": args.quantizer,
+                    "options": {k: repr(v) for k, v in options.items()},
+                    "calibration_batches": len(calibration),
+                    "compare": numerics.to_dict(),
+                    "annotation_report": report.to_dict(),
+                },
+                indent=2,
+            )
+        )
+        return 0
+    options_text = ", ".join(f"{k}={v!r}" for k, v in options.items())
+    print(
+        f"{args.model} quantized by {args.quantizer}"
+        + (f" ({options_text})" if options_text else "")
+        + f", calibrated on {len(calibration)} batch(es); worst first:"
+    )
+    print(report.to_table(worst_first=True, limit=args.top))
+    return 0
+
+
+def _parse_options(items: list[str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise CompareError(f"--option {item!r}: expected KEY=VALUE with KEY a Python identifier")
+        if key in options:
+            raise CompareError(f"--option {key} given twice")
+        try:
+            options[key] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            options[key] = text  # a plain string
+    return options
+
+
+def _load_factory(spec: str) -> Any:
+    """The function named by ``FILE.py:FUNCTION`` or ``MODULE:FUNCTION``."""
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name:
+        raise CompareError(f"MODEL {spec!r}: expected FILE.py:FUNCTION or MODULE:FUNCTION")
+    path = Path(where)
+    if where.endswith(".py") or path.is_file():
+        if not path.is_file():
+            raise CompareError(f"MODEL {spec!r}: no file {where}")
+        module_spec = importlib.util.spec_from_file_location(f"_quantweave_compare_{path.stem}", path)
+        if module_spec is None or module_spec.loader is None:
+            raise CompareError(f"MODEL {spec!r}: cannot load {where} as Python")
+        module = importlib.util.module_from_spec(module_spec)
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as exc:
+            raise CompareError(f"MODEL {spec!r}: running {where} failed: {type(exc).__name__}: {exc}") from exc
+    else:
+        try:
+            module = importlib.import_module(where)
+        except Exception as exc:
+            raise CompareError(f"MODEL {spec!r}: cannot import {where}: {type(exc).__name__}: {exc}") from exc
+    factory = getattr(module, name, None)
+    if factory is None:
+        raise CompareError(f"MODEL {spec!r}: {where} defines no {name!r}")
+    if not callable(factory):
+        raise CompareError(f"MODEL {spec!r}: {name} is a {type(factory).__name__}, not a function")
+    return factory
+
+
+def _call_factory(factory: Any, spec: str) -> tuple[Any, list[tuple[Any, ...]]]:
+    import torch
+
+    try:
+        result = factory()
+    except Exception as exc:
+        raise CompareError(f"MODEL {spec!r}: calling it failed: {type(exc).__name__}: {exc}") from exc
+    expected = "(model, batches): an nn.Module or exported GraphModule, and a list of batches"
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise CompareError(f"MODEL {spec!r} returned {type(result).__name__}; expected {expected}")
+    model, batches = result
+    if not isinstance(model, torch.nn.Module):
+        raise CompareError(f"MODEL {spec!r} returned a model of type {type(model).__name__}; expected {expected}")
+    if isinstance(batches, (str, bytes)):
+        raise CompareError(f"MODEL {spec!r} returned batches of type {type(batches).__name__}; expected {expected}")
+    if isinstance(batches, torch.Tensor):
+        batches = [(batches,)]
+    elif isinstance(batches, tuple):
+        batches = [batches]
+    elif isinstance(batches, (list, Sequence)) or hasattr(batches, "__iter__"):
+        batches = [b if isinstance(b, tuple) else (b,) for b in batches]
+    else:
+        raise CompareError(f"MODEL {spec!r} returned batches of type {type(batches).__name__}; expected {expected}")
+    if not batches:
+        raise CompareError(f"MODEL {spec!r} returned no batches; expected {expected}")
+    return model, batches

@@ -26,6 +26,14 @@ reported ``quantized`` by that quantizer, with the reason that it is fused
 (``kind="fused"``).
 
 Printable as an aligned table (:meth:`AnnotationReport.to_table`) and as JSON.
+
+With ``numerics=`` (what :func:`quantweave.compare` returned for the converted model) each
+row of a node the debugger compared carries its numerics (op and model SQNR, max error):
+a column pair in the table (``worst_first=True`` orders those rows worst first) and a
+``"numerics"`` object in the JSON. Rows are matched by node name -- the identity prepare
+and convert keep -- and must call the same op; compared ops the report does not list
+(outside the pattern vocabulary, e.g. a flatten reading a dequantized tensor) are named in
+:attr:`AnnotationReport.numerics_unmatched`.
 """
 
 from __future__ import annotations
@@ -33,14 +41,17 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from torch.fx import GraphModule, Node
 
 from ._modules.text import render_table
 from .annotation import ANNOTATED_BY_KEY, ANNOTATION_KEY, SKIP_REASON_KEY, QuantizationAnnotation
 from .capabilities import PATTERNS
+
+if TYPE_CHECKING:
+    from .numerics import NumericsReport, OpNumerics
 
 __all__ = ["KINDS", "SKIP_REASON_KEY", "AnnotationReport", "NodeReport", "annotation_report", "reported_ops"]
 
@@ -62,7 +73,9 @@ def reported_ops(capabilities: Iterable[Any] = ()) -> frozenset[str]:
 class NodeReport:
     """One node: ``status`` is ``"quantized"`` or ``"float"``; ``quantizer`` the one that
     quantized it (None when float); ``reason`` why it is float (or fused), in words;
-    ``kind`` which kind of reason (:data:`KINDS`)."""
+    ``kind`` which kind of reason (:data:`KINDS`); ``numerics`` what
+    :func:`quantweave.compare` measured at this node, when the report was given its result
+    and it compared the node (None otherwise)."""
 
     node: str
     op: str
@@ -70,11 +83,39 @@ class NodeReport:
     quantizer: str | None
     reason: str | None
     kind: str = "quantized"
+    numerics: OpNumerics | None = field(default=None, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The node as JSON-able values (``numerics`` only when present; infinite SQNR as
+        the string ``"inf"``)."""
+        from .numerics import _json_number
+
+        data = {k: v for k, v in asdict(self).items() if k != "numerics"}
+        if self.numerics is not None:
+            op = self.numerics
+            data["numerics"] = {
+                "sqnr_db": _json_number(op.sqnr_db),
+                "max_abs_error": _json_number(op.max_abs_error),
+                "cumulative_sqnr_db": _json_number(op.cumulative_sqnr_db),
+                "cumulative_max_abs_error": _json_number(op.cumulative_max_abs_error),
+                "compared_with": op.compared_with,
+            }
+        return data
 
 
 @dataclass(frozen=True)
 class AnnotationReport:
+    """Every vocabulary node of a model, quantized or float (and why). With numerics:
+    ``numerics_batches`` the batches :func:`quantweave.compare` ran, and
+    ``numerics_unmatched`` the compared nodes no row took, each with the reason."""
+
     nodes: tuple[NodeReport, ...]
+    numerics_batches: int | None = None
+    numerics_unmatched: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def has_numerics(self) -> bool:
+        return self.numerics_batches is not None
 
     @property
     def quantized(self) -> int:
@@ -91,9 +132,15 @@ class AnnotationReport:
         """How many float nodes have each kind of reason."""
         return dict(Counter(n.kind for n in self.nodes if n.status == "float"))
 
+    def worst_first(self) -> tuple[NodeReport, ...]:
+        """The rows with numerics, lowest op SQNR first, then the others in graph order."""
+        with_numerics = [n for n in self.nodes if n.numerics is not None]
+        with_numerics.sort(key=lambda n: (n.numerics.sqnr_db, n.numerics.cumulative_sqnr_db))  # type: ignore[union-attr]
+        return (*with_numerics, *(n for n in self.nodes if n.numerics is None))
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "nodes": [asdict(n) for n in self.nodes],
+        data: dict[str, Any] = {
+            "nodes": [n.to_dict() for n in self.nodes],
             "summary": {
                 "quantized": self.quantized,
                 "float": self.float,
@@ -101,16 +148,63 @@ class AnnotationReport:
                 "float_by_kind": self.float_by_kind(),
             },
         }
+        if self.has_numerics:
+            data["summary"]["numerics"] = {
+                "batches": self.numerics_batches,
+                "matched": sum(1 for n in self.nodes if n.numerics is not None),
+                "unmatched": [{"node": node, "reason": reason} for node, reason in self.numerics_unmatched],
+            }
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
-    def to_table(self) -> str:
-        header = ("node", "op", "status", "quantizer", "reason")
-        rows = [(n.node, n.op, n.status, n.quantizer or "-", n.reason or "") for n in self.nodes]
+    def to_table(self, worst_first: bool = False, limit: int | None = None) -> str:
+        """The aligned table. ``worst_first``: the rows with numerics first, lowest op SQNR
+        first; ``limit``: at most that many rows (the summary still counts them all)."""
+        from .numerics import _fmt_db
+
+        nodes = self.worst_first() if worst_first else self.nodes
+        shown = nodes if limit is None else nodes[: max(limit, 0)]
+        rows: list[tuple[str, ...]]
+        if self.has_numerics:
+            header: tuple[str, ...] = ("node", "op", "status", "quantizer", "op SQNR dB", "op max err", "model SQNR dB")
+            header += ("reason",)
+            rows = [
+                (
+                    n.node,
+                    n.op,
+                    n.status,
+                    n.quantizer or "-",
+                    *(
+                        ("-", "-", "-")
+                        if n.numerics is None
+                        else (
+                            _fmt_db(n.numerics.sqnr_db),
+                            f"{n.numerics.max_abs_error:.4g}",
+                            _fmt_db(n.numerics.cumulative_sqnr_db),
+                        )
+                    ),
+                    n.reason or "",
+                )
+                for n in shown
+            ]
+        else:
+            header = ("node", "op", "status", "quantizer", "reason")
+            rows = [(n.node, n.op, n.status, n.quantizer or "-", n.reason or "") for n in shown]
         lines = render_table(header, rows).splitlines()
+        if len(shown) < len(nodes):
+            lines.append(f"... {len(nodes) - len(shown)} more row(s)")
         per = ", ".join(f"{q}: {c}" for q, c in sorted(self.by_quantizer().items())) or "none"
         lines.append(f"{self.quantized} quantized ({per}), {self.float} float, of {len(self.nodes)} compute nodes")
+        if self.has_numerics:
+            matched = sum(1 for n in self.nodes if n.numerics is not None)
+            line = f"numerics: {matched} node(s) compared on {self.numerics_batches} batch(es)"
+            if self.numerics_unmatched:
+                line += "; compared but not in this report: " + ", ".join(
+                    f"{node} ({reason})" for node, reason in self.numerics_unmatched
+                )
+            lines.append(line)
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -330,13 +424,20 @@ def _float_reason(
     return "undeclared", f"{considered.members[0][0]} declares no pattern with this op"
 
 
-def annotation_report(model: GraphModule, quantizer: object | None = None) -> AnnotationReport:
+def annotation_report(
+    model: GraphModule, quantizer: object | None = None, *, numerics: NumericsReport | None = None
+) -> AnnotationReport:
     """Report every vocabulary node of ``model`` (prepared or annotated) as quantized or float.
 
     ``quantizer``: the quantizer used; it names nodes its members did not name themselves,
     its (its members') declared capabilities add contributed patterns' ops to what is
     listed, and say for each float node whether some member declares its op (and then why
     it was not applied: the member's recorded rule, or shadowing by an earlier member).
+
+    ``numerics``: the :func:`quantweave.compare` result for the model converted from this
+    one; each row of a node it compared (same name, same op) carries its
+    :class:`~quantweave.numerics.OpNumerics`. Raises ``ValueError`` when it compared ops but
+    none matches a node of ``model`` (the result of another model).
     """
     from .compose import quantizer_label
 
@@ -362,4 +463,45 @@ def annotation_report(model: GraphModule, quantizer: object | None = None) -> An
         else:
             kind, why = _float_reason(node, graph, considered, default, reason)
             reports.append(NodeReport(node.name, op, "float", None, why, kind))
-    return AnnotationReport(tuple(reports))
+    if numerics is None:
+        return AnnotationReport(tuple(reports))
+    return _with_numerics(tuple(reports), numerics, {n.name: str(n.target) for n in model.graph.nodes})
+
+
+def _with_numerics(
+    reports: tuple[NodeReport, ...], numerics: NumericsReport, graph_ops: dict[str, str]
+) -> AnnotationReport:
+    """The rows with the numerics of the nodes compared (matched by name and op)."""
+    from .numerics import NumericsReport
+
+    if not isinstance(numerics, NumericsReport):
+        raise TypeError(
+            "annotation_report: numerics must be what quantweave.compare(float_model, converted, inputs) returned "
+            f"(a NumericsReport); got {type(numerics).__name__}"
+        )
+    by_node = numerics.by_node()
+    rows = {r.node: r for r in reports}
+    unmatched: list[tuple[str, str]] = []
+    attached: dict[str, OpNumerics] = {}
+    for name, op in by_node.items():
+        if name not in graph_ops:
+            unmatched.append((name, "no node of this name in this model"))
+        elif graph_ops[name] != op.op:
+            unmatched.append((name, f"this model's {name!r} calls {graph_ops[name]}, the compared node {op.op}"))
+        elif name not in rows:
+            unmatched.append((name, f"{_short_op(op.op)} is not in the report's pattern vocabulary"))
+        else:
+            attached[name] = op
+    if by_node and not any(name in graph_ops and graph_ops[name] == op.op for name, op in by_node.items()):
+        listed = ", ".join(list(by_node)[:5]) + (", ..." if len(by_node) > 5 else "")
+        raise ValueError(
+            f"annotation_report: numerics compared {len(by_node)} op(s) ({listed}) and none is a node of this model; "
+            "pass the compare() result of the model converted from this prepared model"
+        )
+    nodes = tuple(replace(r, numerics=attached[r.node]) if r.node in attached else r for r in reports)
+    return AnnotationReport(nodes, numerics_batches=numerics.batches, numerics_unmatched=tuple(unmatched))
+
+
+def _short_op(target: str) -> str:
+    parts = target.split(".")
+    return parts[-2] if len(parts) >= 3 else target
