@@ -32,6 +32,7 @@ with :func:`quantweave.annotation_report` rows (:func:`join_annotation_report`).
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import operator
@@ -166,6 +167,29 @@ def _run(model: GraphModule, inputs: Sequence[Any]) -> dict[Node, Any]:
     return recorder.values
 
 
+def _passthrough(x: Any) -> Any:
+    return x
+
+
+def _as_float(model: GraphModule) -> GraphModule:
+    """``model`` itself when it holds no observer or fake-quantizer; otherwise (a prepared
+    model, e.g. after QAT) a copy in which each of them passes its input through, so the
+    copy computes in float with the model's (trained) weights and the caller's observers
+    keep their state."""
+    from .observers import is_observer_module
+
+    names = [n.target for n in model.graph.nodes if n.op == "call_module"]
+    if not any(is_observer_module(model.get_submodule(str(t))) for t in names):
+        return model
+    copied = copy.deepcopy(model)
+    for target in names:
+        module = copied.get_submodule(str(target))
+        if is_observer_module(module):
+            # an instance attribute shadows the class's forward (nn.Module.__call__ looks it up)
+            setattr(module, "forward", _passthrough)  # noqa: B010
+    return copied
+
+
 @dataclass
 class _Stats:
     signal: float = 0.0
@@ -241,11 +265,20 @@ class _Machinery:
         return None
 
 
+#: the arithmetic prepare_qat_pt2e puts between a conv and its batch norm (the conv's output
+#: divided by the weight's scale factor, plus its bias), which convert folds away
+_QAT_RESCALE = frozenset(
+    (torch.ops.aten.div.Tensor, torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor, torch.ops.aten.sub.Tensor)
+)
+
+
 def _float_counterpart(name: str, float_nodes: Mapping[str, Node], quantized_names: set[str]) -> Node:
     """The float node whose output the converted node ``name`` computes: the node of the
     same name, or, when batch norm was folded into it (prepare folds eval-mode batch norm
     into the conv before it, and the batch-norm node is gone from the converted graph),
-    the batch norm's normalised output."""
+    the batch norm's normalised output. After QAT the float model is the prepared one,
+    where the conv reaches its batch norm through the re-scaling arithmetic of the QAT
+    conv + batch norm pattern (gone from the converted graph too)."""
     node = float_nodes[name]
     while len(node.users) == 1:
         (user,) = node.users
@@ -258,8 +291,27 @@ def _float_counterpart(name: str, float_nodes: Mapping[str, Node], quantized_nam
         if user.target is operator.getitem and user.args[1] == 0 and batch_norm_call(node) is not None:
             node = user
             continue
+        folded = _through_qat_rescale(user, quantized_names)
+        if folded is not None:
+            node = folded
+            continue
         break
     return node
+
+
+def _through_qat_rescale(user: Node, quantized_names: set[str]) -> Node | None:
+    """The eval-mode batch norm that ``user`` leads to through a chain of single-user
+    arithmetic nodes absent from the converted graph, or None."""
+    chain = user
+    while chain.op == "call_function" and chain.target in _QAT_RESCALE and chain.name not in quantized_names:
+        if len(chain.users) != 1:
+            return None
+        (following,) = chain.users
+        bn = batch_norm_call(following)
+        if bn is not None and bn.input is chain and not bn.training:
+            return following
+        chain = following
+    return None
 
 
 def _shape(node: Node) -> tuple[str, ...] | None:
@@ -314,10 +366,13 @@ def compare(
 ) -> NumericsReport:
     """Per-op SQNR and max abs error of ``quantized_model`` against ``float_model``.
 
-    ``float_model``: the exported float GraphModule given to ``prepare_pt2e``;
-    ``quantized_model``: what ``convert_pt2e`` returned for it (any quantizer or
-    composition); ``inputs``: one batch (a tuple of model arguments, or a tensor) or a list
-    of batches (errors are summed over all of them). Returns the ops worst first.
+    ``float_model``: the exported float GraphModule given to ``prepare_pt2e`` -- or, after
+    QAT, the trained prepared model (``prepare_qat_pt2e``'s result, moved to eval), run in
+    float on a copy whose fake-quantizers pass their input through, so the reference has
+    the trained weights; ``quantized_model``: what ``convert_pt2e`` returned for it (any
+    quantizer or composition); ``inputs``: one batch (a tuple of model arguments, or a
+    tensor) or a list of batches (errors are summed over all of them). Returns the ops
+    worst first.
     """
     for label, model in (("float_model", float_model), ("quantized_model", quantized_model)):
         if not isinstance(model, GraphModule):
@@ -357,13 +412,14 @@ def compare(
     local = {node: _Stats() for node, *_ in plan}
     cumulative = {node: _Stats() for node, *_ in plan}
     batches = _as_batches(inputs)
+    float_runner = _as_float(float_model)  # node names are the same in a copy
     for batch in batches:
-        float_values = _run(float_model, batch)
+        float_values = _run(float_runner, batch)
         quant_values = _run(quantized_model, batch)
         float_by_name = {n.name: v for n, v in float_values.items()}
         with torch.no_grad():
             for node, counterpart, _, output_dq, own_output_dq in plan:
-                reference = float_values[counterpart]
+                reference = float_by_name[counterpart.name]
                 if not isinstance(reference, torch.Tensor):
                     continue
                 seen = quant_values[output_dq] if output_dq is not None else quant_values[node]
