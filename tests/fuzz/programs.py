@@ -281,7 +281,10 @@ class _Drawer:
             args = (d(st.sampled_from((-1, 1))),)
         elif kind == "gelu":
             args = (d(st.sampled_from(("none", "tanh"))),)
-        return Op(kind, form, args, s.shape, s.shape), replace(s, owned=form != "inplace" or s.owned)
+        # dropout in eval returns its input itself: an in-place op after it would write into
+        # whatever the input is a view of (the caller's input), as the float model would
+        owned = s.owned if kind == "dropout" else (form != "inplace" or s.owned)
+        return Op(kind, form, args, s.shape, s.shape), replace(s, owned=owned)
 
     def const_binary(self, s: State, preserve: Preserve) -> tuple[Op, State]:
         d = self.draw
