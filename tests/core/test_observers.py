@@ -51,6 +51,7 @@ ADVERSARIAL = {
     "growing": lambda g: torch.cat([torch.randn(500, generator=g) * (i + 1) for i in range(8)]),
     "tiny": lambda g: torch.randn(4000, generator=g) * 1e-30,
     "huge": lambda g: torch.randn(4000, generator=g) * 1e30,
+    "subnormal": lambda g: torch.cat([torch.randn(500 * (i + 1), generator=g) * 1e-39 * (i + 1) for i in range(4)]),
     "extremes": lambda g: torch.cat([torch.randn(3000, generator=g), torch.tensor([3.0e38, -3.0e38])]),
     "integers": lambda g: torch.randint(-3, 4, (4000,), generator=g).float(),
     "zeros": lambda g: torch.zeros(2000),
@@ -149,7 +150,7 @@ def test_counting_mid_points_below_boundaries_equals_searchsorted():
         (1000.0, 1000.001, 999.9, 1000.1),
         (0.0, 1e-30, -1e-30, 2e-30),
     ]
-    cases += [(-3e38, 3e38, -3e38, 3e38), (0.0, 1.0, 0.0, 1.0)]
+    cases += [(-3e38, 3e38, -3e38, 3e38), (0.0, 1.0, 0.0, 1.0), (0.0, 1e-38, -1e-38, 2e-38), (5e-39, 6e-39, 0.0, 1e-38)]
     for _ in range(30):
         lo, width = float(torch.randn(1, generator=gen)) * 5, float(torch.rand(1, generator=gen)) * 10 + 1e-6
         cases.append((lo, lo + width, lo - width * float(torch.rand(1, generator=gen)), lo + width * 1.5))

@@ -272,7 +272,9 @@ def _count_below(padded: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
     n = len(padded) - 2
     first, last = padded[1].item(), padded[n].item()
     spacing = (last - first) / (n - 1) if n > 1 else 0.0
-    if not (math.isfinite(spacing) and spacing > 0):
+    if not (math.isfinite(spacing) and spacing > 0 and math.isfinite(_f32(1.0 / spacing))):
+        # no spacing to estimate from, or one whose inverse overflows float32 (a range of
+        # subnormal width): searchsorted over all the values
         return torch.searchsorted(padded[1 : n + 1], queries, side="left")
     # window start (in padded positions) a few values before the estimated crossing; a
     # float32 estimate is close enough (the window, not the estimate, decides the count)
