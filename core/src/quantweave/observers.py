@@ -10,6 +10,7 @@ are our own.
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 import threading
@@ -364,24 +365,37 @@ def _histc_counts(flat: torch.Tensor, bins: int, lo: float, hi: float) -> torch.
     CPU tensor of fewer than 2**24 elements, all in ``[lo, hi]`` (the caller's guarantee).
     Falls back to ``torch.histc`` (float32 counts) for a range that is not finite and
     positive in float32, where the arithmetic below is not the kernel's."""
+    n = len(flat)
+    plan = _histc_plan(lo, hi, bins)
+    if plan is None or n == 0:
+        return torch.histc(flat, bins, min=lo, max=hi)
+    left, divisor, multiply = plan
+    scaled, position = _scratch(n, torch.int16 if bins < 2**15 - 1 else torch.int32)
+    torch.sub(flat, left, out=scaled)  # left is a float32 value: the scalar converts exactly
+    if multiply:
+        scaled.mul_(bins)
+    scaled.div_(divisor)
+    position.copy_(scaled)  # float -> integer truncates, as the kernel's cast does (values in [0, bins])
+    position.clamp_(max=bins - 1)  # the last bin keeps the right edge
+    return torch.bincount(position, minlength=bins)
+
+
+@functools.lru_cache(maxsize=256)
+def _histc_plan(lo: float, hi: float, bins: int) -> tuple[float, float, bool] | None:
+    """(left edge, divisor, whether to multiply by ``bins`` first) of torch.histc's
+    arithmetic for this range, or None where it does not apply (a range that is not finite
+    and positive in float32). Cached: an observer counts batch after batch on one range."""
     left, right = _histc_edges(lo, hi)
     # the kernel's float32 edges and width (double rounding of float32 operands is exact)
     width = _f32(right - left)
-    n = len(flat)
-    if not (math.isfinite(left) and math.isfinite(width) and width > 0) or n == 0:
-        return torch.histc(flat, bins, min=lo, max=hi)
-    scaled, position = _scratch(n, torch.int16 if bins < 2**15 - 1 else torch.int32)
-    torch.sub(flat, left, out=scaled)  # left is a float32 value: the scalar converts exactly
+    if not (math.isfinite(left) and math.isfinite(width) and width > 0):
+        return None
     step = _f32(width / bins)
     if bins & (bins - 1) == 0 and step * bins == width and math.isfinite(_f32(width * bins)):
         # bins a power of two, width / bins exact, (e - L) * bins never overflowing: the
         # kernel's ((e - L) * bins) / width multiplies exactly, so it equals (e - L) / step
-        scaled.div_(step)
-    else:
-        scaled.mul_(bins).div_(width)
-    position.copy_(scaled)  # float -> integer truncates, as the kernel's cast does (values in [0, bins])
-    position.clamp_(max=bins - 1)  # the last bin keeps the right edge
-    return torch.bincount(position, minlength=bins)
+        return left, step, False
+    return left, width, True
 
 
 def _f32(value: float) -> float:
