@@ -94,6 +94,10 @@ def test_per_token_is_an_optional_field_that_leaves_pt2e_specs_unchanged():
         observer_or_fake_quant_ctr=PlaceholderObserver,
     )
     assert plain.per_token is False
+    # PT2E's fields keep their positions; quantweave's additions come after them
+    names = [f.name for f in dataclasses.fields(qw.QuantizationSpec)]
+    pt2e = ["dtype", "observer_or_fake_quant_ctr", "quant_min", "quant_max", "qscheme", "ch_axis", "is_dynamic"]
+    assert names == [*pt2e, "group_size", "per_token"]
     assert act_spec() != plain and hash(act_spec()) != hash(plain)  # a different spec (sharing, caches)
     assert dataclasses.replace(plain, per_token=True) == act_spec()
     assert act_spec(quant_min=None, quant_max=None, qscheme=None).per_token  # defaults are the int8 range
