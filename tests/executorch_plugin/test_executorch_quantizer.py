@@ -302,3 +302,20 @@ def test_to_executorch_says_what_to_install_when_executorch_is_missing(monkeypat
     model = tiny_decoder_lm(vocab=64, dim=32, layers=1, max_seq=8)
     with pytest.raises(ImportError, match=r"needs ExecuTorch 1\.5\.1.*pip install --no-deps"):
         qe.to_executorch(model, (lm_prompts(model, 1),))
+
+
+# -- lowering without ExecuTorch -----------------------------------------------------------------
+
+
+def test_to_executorch_says_what_to_install_naming_itself_when_executorch_is_missing(monkeypatch):
+    """The lowering reuses quantweave-xnnpack's public steps (import_executorch, lower_to_edge):
+    the error names this plugin's API and its extra."""
+    import quantweave_xnnpack as qx
+
+    for name in ("executorch", "executorch.exir", "executorch.backends.xnnpack.partition.xnnpack_partitioner"):
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(qx.ExecuTorchNotInstalledError, match=r"quantweave_executorch\.to_executorch needs") as info:
+        qe.to_executorch(torch.nn.Linear(2, 2), (torch.randn(1, 2),))
+    assert "quantweave-executorch[executorch]" in str(info.value)
+    with pytest.raises(qx.ExecuTorchNotInstalledError, match=r"quantweave_xnnpack\.lower_to_edge needs"):
+        qx.lower_to_edge(torch.nn.Linear(2, 2), (torch.randn(1, 2),))

@@ -22,12 +22,18 @@ What happens to each quantized table (``dequantize -> aten.embedding`` in the co
   rewritten into ``embedding_byte`` (ExecuTorch's fusion only matches uint8 per-channel).
 
 Zero points that are all zero are dropped (``None``), as ExecuTorch's own recipes store them.
+
+Scales of a table without zero points that are all float16 values -- what
+quantweave-embedding's ``scale_dtype=torch.float16`` produces -- are stored in float16 and read
+by the ``.dtype`` variants of the kernels with float32 output: the same outputs, 2 bytes per
+scale instead of 4. (A lookup at constant indices -- positions -- keeps float32 scales:
+ExecuTorch's constant propagation folds it into a float table, computing the product in float16
+in its ``.dtype`` reference.)
 """
 
 from __future__ import annotations
 
 import copy
-import importlib
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +43,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 import quantweave as qw
-from quantweave_xnnpack import ExecuTorchNotInstalledError, ExecuTorchProgram
+from quantweave_xnnpack import ExecuTorchProgram, import_executorch, is_plumbing, lower_to_edge, op_name
 
 __all__ = [
     "EmbeddingLowering",
@@ -48,23 +54,9 @@ __all__ = [
     "unpack_int4",
 ]
 
-_INSTALL = (
-    "pip install --no-deps torchao==0.18.0 executorch==1.5.1 && pip install ruamel.yaml flatbuffers tabulate "
-    "(or `pip install 'quantweave-executorch[executorch]'`, which also pulls ExecuTorch's declared but unused "
-    "heavy requirements); keep torch==2.13.0"
-)
-#: call_function targets of the final program that are plumbing, not kernels
-_PLUMBING = ("alloc", "getitem", "executorch_call_delegate")
 
-
-def _require(module: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise ExecuTorchNotInstalledError(
-            f"quantweave_executorch needs ExecuTorch 1.5.1 ({module} could not be imported: {exc}). "
-            f"Install it with: {_INSTALL}"
-        ) from exc
+def _require(module: str, caller: str) -> Any:
+    return import_executorch(module, caller=caller, distribution="quantweave-executorch")
 
 
 def pack_int4(values: torch.Tensor) -> torch.Tensor:
@@ -92,14 +84,15 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class EmbeddingLowering:
     """One table rewritten by :func:`rewrite_embeddings`: the embedding node, the ExecuTorch
-    op it became, the table's shape, its group size (None: per row) and the bytes its values
-    take in the program."""
+    op it became, the table's shape, its group size (None: per row), the bytes its values
+    take in the program and the dtype its scales are stored in."""
 
     node: str
     op: str
     shape: tuple[int, ...]
     group_size: int | None
     value_bytes: int
+    scale_dtype: torch.dtype = torch.float32
 
 
 def _attr(gm: torch.nn.Module, target: str) -> Any:
@@ -117,12 +110,32 @@ def _new_buffer(gm: GraphModule, prefix: str, value: torch.Tensor) -> str:
     return f"{prefix}{index}"
 
 
+def _half_values(value: torch.Tensor) -> bool:
+    """True when every element of ``value`` is exactly a float16 value."""
+    value = value.to(torch.float32)
+    return bool(torch.isfinite(value).all()) and torch.equal(value.to(torch.float16).to(torch.float32), value)
+
+
+def _reads_input(node: Any) -> bool:
+    """True when ``node`` depends on a placeholder (a model input), so is not constant-folded."""
+    seen: set[Node] = set()
+    pending = [node] if isinstance(node, Node) else []
+    while pending:
+        current = pending.pop()
+        if current.op == "placeholder":
+            return True
+        if current not in seen:
+            seen.add(current)
+            pending.extend(current.all_input_nodes)
+    return False
+
+
 def rewrite_embeddings(converted: GraphModule) -> tuple[GraphModule, tuple[EmbeddingLowering, ...]]:
     """A copy of ``converted`` (from ``quantweave.convert_pt2e``) whose quantized tables are read
     by ExecuTorch's ``embedding_4bit`` / ``embedding_byte`` (see the module docstring), and
     what was rewritten. ``converted`` is not modified. Needs ExecuTorch (the ops are defined
     by ``executorch.exir``)."""
-    _require("executorch.exir")
+    _require("executorch.exir", "quantweave_executorch.rewrite_embeddings")
     qd = torch.ops.quantized_decomposed
     per_channel, per_group = qd.dequantize_per_channel.default, qd.dequantize_per_channel_group.default
     gm = GraphModule(converted, copy.deepcopy(converted.graph))
@@ -145,7 +158,7 @@ def rewrite_embeddings(converted: GraphModule) -> tuple[GraphModule, tuple[Embed
             axis, qmin, qmax = dq.args[3], dq.args[4], dq.args[5]
             out_dtype = dq.kwargs.get("out_dtype") or torch.float32
             group_size = None
-            if axis != 0 or values.dtype == torch.uint8:  # uint8 per row: ExecuTorch's quant fusion
+            if axis != 0:
                 continue
         else:
             qmin, qmax, group_size, out_dtype = dq.args[3], dq.args[4], dq.args[6], dq.args[7]
@@ -154,16 +167,29 @@ def rewrite_embeddings(converted: GraphModule) -> tuple[GraphModule, tuple[Embed
         scale_values = _attr(gm, str(scales.target)).to(torch.float32)
         zp_values = None if not isinstance(zero_points, Node) else _attr(gm, str(zero_points.target))
         zp = None if zp_values is None or not zp_values.any() else zp_values.to(torch.float32)
+        # ExecuTorch 1.5.1 runs float16 scales only without zero points (its kernels want them in the output dtype,
+        # its ahead-of-time checks in the scales' dtype)
+        # (a lookup at constant indices, e.g. positions, is folded by ExecuTorch's constant propagation, whose
+        # Python reference of the .dtype kernels multiplies in float16: it keeps float32 scales, and no bytes)
+        half = zp is None and _half_values(scale_values) and _reads_input(indices)
+        if values.dtype == torch.uint8 and group_size is None and not half:
+            continue  # uint8 per row with float32 scales: ExecuTorch's quant fusion makes embedding_byte
+        scale_dtype = torch.float16 if half else torch.float32
         four_bit = values.dtype == torch.int8 and (qmin, qmax) == (-8, 7) and values.shape[1] % 2 == 0
         weight = pack_int4(values) if four_bit else values
-        op = qd.embedding_4bit.default if four_bit else qd.embedding_byte.default
+        packet = qd.embedding_4bit if four_bit else qd.embedding_byte
         with graph.inserting_before(node):
             args = [
                 graph.get_attr(_new_buffer(gm, "_et_embedding_weight_", weight)),
-                graph.get_attr(_new_buffer(gm, "_et_embedding_scales_", scale_values)),
-                None if zp is None else graph.get_attr(_new_buffer(gm, "_et_embedding_zero_points_", zp)),
+                graph.get_attr(_new_buffer(gm, "_et_embedding_scales_", scale_values.to(scale_dtype))),
+                None
+                if zp is None
+                else graph.get_attr(_new_buffer(gm, "_et_embedding_zero_points_", zp.to(scale_dtype))),
             ]
-            fused = graph.call_function(op, (*args, qmin, qmax, indices))
+            if half:  # float16 scales, float32 rows: the .dtype variant
+                fused = graph.call_function(packet.dtype, (*args, qmin, qmax, indices), {"dtype": torch.float32})
+            else:
+                fused = graph.call_function(packet.default, (*args, qmin, qmax, indices))
         fused.meta = dict(node.meta)
         node.replace_all_uses_with(fused)
         graph.erase_node(node)
@@ -173,7 +199,9 @@ def rewrite_embeddings(converted: GraphModule) -> tuple[GraphModule, tuple[Embed
                 if dead.op == "get_attr" and "." not in str(dead.target) and hasattr(gm, str(dead.target)):
                     delattr(gm, str(dead.target))  # this copy's reference only: the caller's model keeps it
         name = "embedding_4bit" if four_bit else "embedding_byte"
-        lowered.append(EmbeddingLowering(fused.name, name, tuple(values.shape), group_size, weight.numel()))
+        lowered.append(
+            EmbeddingLowering(fused.name, name, tuple(values.shape), group_size, weight.numel(), scale_dtype)
+        )
     graph.lint()
     gm.recompile()
     return gm, tuple(lowered)
@@ -182,7 +210,8 @@ def rewrite_embeddings(converted: GraphModule) -> tuple[GraphModule, tuple[Embed
 @dataclass(frozen=True)
 class ExecuTorchLLMProgram(ExecuTorchProgram):
     """An ExecuTorch program (``buffer``) and what is in it: ``delegated`` / ``not_delegated``
-    as for ``quantweave_xnnpack.ExecuTorchProgram`` (counted before quant fusion), ``kernels``
+    as for ``quantweave_xnnpack.ExecuTorchProgram`` (``quantweave_xnnpack.lower_to_edge``
+    counts them, before quant fusion), ``kernels``
     the ops the final program runs outside the XNNPACK delegates, and ``embeddings`` the
     tables :func:`rewrite_embeddings` lowered."""
 
@@ -196,14 +225,8 @@ class ExecuTorchLLMProgram(ExecuTorchProgram):
     def load(self) -> Any:
         """Load on the ExecuTorch runtime, with ExecuTorch's quantized kernels registered
         (``executorch.kernels.quantized``: ``embedding_byte`` / ``embedding_4bit``)."""
-        _require("executorch.kernels.quantized")
+        _require("executorch.kernels.quantized", "ExecuTorchLLMProgram.load")
         return super().load()
-
-
-def _op_name(node: Node) -> str:
-    if isinstance(node.target, torch._ops.OpOverload):
-        return str(node.target)  # "quantized_decomposed.embedding_4bit.out"
-    return str(getattr(node.target, "__name__", None) or node.target)
 
 
 def to_executorch(
@@ -222,8 +245,8 @@ def to_executorch(
     quant fusion and constant propagation. ``rewrite_tables=False`` leaves every table to
     ExecuTorch's passes (group-wise tables are then folded into float ones). Raises
     ``ExecuTorchNotInstalledError`` saying what to install when ExecuTorch is missing."""
-    exir = _require("executorch.exir")
-    partition = _require("executorch.backends.xnnpack.partition.xnnpack_partitioner")
+    caller = "quantweave_executorch.to_executorch"
+    exir = _require("executorch.exir", caller)
     lowered: tuple[EmbeddingLowering, ...] = ()
     model = converted
     if (
@@ -232,29 +255,25 @@ def to_executorch(
         and any(n.target in qw.dequantize_ops() for n in converted.graph.nodes)
     ):
         model, lowered = rewrite_embeddings(converted)
-    exported = torch.export.export(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
-    kwargs: dict[str, Any] = {"partitioner": [partition.XnnpackPartitioner(**dict(partitioner_options or {}))]}
-    if compile_config is not None:
-        kwargs["compile_config"] = compile_config
-    edge = exir.to_edge_transform_and_lower(exported, **kwargs)
-    delegated: Counter[str] = Counter()
-    not_delegated: Counter[str] = Counter()
-    delegates = 0
-    graph_module = edge.exported_program().graph_module
-    for node in graph_module.graph.nodes:
-        if node.op == "get_attr" and str(node.target).startswith("lowered_module"):
-            delegates += 1
-            for inner in getattr(graph_module, str(node.target)).original_module.graph.nodes:
-                if inner.op == "call_function" and not any(p in _op_name(inner) for p in _PLUMBING):
-                    delegated[_op_name(inner)] += 1
-        elif node.op == "call_function" and not any(p in _op_name(node) for p in _PLUMBING):
-            not_delegated[_op_name(node)] += 1
+    edge, delegation = lower_to_edge(
+        model,
+        example_inputs,
+        dynamic_shapes=dynamic_shapes,
+        partitioner_options=partitioner_options,
+        compile_config=compile_config,
+        caller=caller,
+    )
     manager = edge.to_executorch(exir.ExecutorchBackendConfig(do_quant_fusion_and_const_prop=True))
     kernels: Counter[str] = Counter(
-        _op_name(n)
+        op_name(n)
         for n in manager.exported_program().graph.nodes
-        if n.op == "call_function" and not any(p in _op_name(n) for p in _PLUMBING)
+        if n.op == "call_function" and not is_plumbing(op_name(n))
     )
     return ExecuTorchLLMProgram(
-        bytes(manager.buffer), dict(delegated), dict(not_delegated), delegates, dict(kernels), lowered
+        bytes(manager.buffer),
+        delegation.delegated,
+        delegation.not_delegated,
+        delegation.delegate_count,
+        dict(kernels),
+        lowered,
     )

@@ -3,7 +3,9 @@
 ``XNNPACKQuantizer`` / ``get_symmetric_quantization_config`` annotate for XNNPACK with
 the semantics of ExecuTorch 1.5.1's quantizer, matched on the exported aten graph;
 ``to_executorch`` lowers a converted model with ExecuTorch's XNNPACK partitioner (the
-optional extra ``quantweave-xnnpack[executorch]``, imported only when it is called).
+optional extra ``quantweave-xnnpack[executorch]``, imported only when it is called); its steps
+``lower_to_edge`` (export + partition, returning what was delegated as a ``Delegation``),
+``import_executorch``, ``op_name`` and ``is_plumbing`` are public for other lowerings.
 Names are imported on first use, so plugin discovery (which only needs the declarations)
 stays cheap.
 """
@@ -17,17 +19,29 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ACT_GRANULARITIES",
+    "Delegation",
     "ExecuTorchNotInstalledError",
     "ExecuTorchProgram",
+    "LoadedProgram",
     "XNNPACKQuantizer",
     "declared_capabilities",
     "get_symmetric_quantization_config",
+    "import_executorch",
+    "is_plumbing",
+    "lower_to_edge",
+    "op_name",
     "to_executorch",
 ]
 
 _WHERE = {
+    "Delegation": "_executorch",
     "ExecuTorchNotInstalledError": "_executorch",
     "ExecuTorchProgram": "_executorch",
+    "LoadedProgram": "_executorch",
+    "import_executorch": "_executorch",
+    "is_plumbing": "_executorch",
+    "lower_to_edge": "_executorch",
+    "op_name": "_executorch",
     "to_executorch": "_executorch",
     "ACT_GRANULARITIES": "quantizer",
     "XNNPACKQuantizer": "quantizer",

@@ -2,6 +2,12 @@
 
 ExecuTorch is the optional extra ``quantweave-xnnpack[executorch]``: it is imported only
 when :func:`to_executorch` (or :meth:`ExecuTorchProgram.load`) is called.
+
+The steps are public so that other lowerings (``quantweave-executorch``) reuse them:
+:func:`import_executorch` (import an ExecuTorch module, or raise
+:class:`ExecuTorchNotInstalledError` saying what to install), :func:`lower_to_edge`
+(``torch.export`` then ``to_edge_transform_and_lower`` with the ``XnnpackPartitioner``, and
+what it delegated: :class:`Delegation`), :func:`op_name` and :func:`is_plumbing`.
 """
 
 from __future__ import annotations
@@ -14,35 +20,105 @@ from typing import Any
 
 import torch
 
-__all__ = ["ExecuTorchNotInstalledError", "ExecuTorchProgram", "LoadedProgram", "to_executorch"]
+__all__ = [
+    "Delegation",
+    "ExecuTorchNotInstalledError",
+    "ExecuTorchProgram",
+    "LoadedProgram",
+    "PLUMBING",
+    "import_executorch",
+    "is_plumbing",
+    "lower_to_edge",
+    "op_name",
+    "to_executorch",
+]
 
-_INSTALL = (
-    "pip install --no-deps torchao==0.18.0 executorch==1.5.1 && pip install ruamel.yaml flatbuffers tabulate "
-    "(or `pip install 'quantweave-xnnpack[executorch]'`, which also pulls ExecuTorch's declared but unused "
-    "heavy requirements); keep torch==2.13.0"
-)
-#: graph nodes that are plumbing, not computation
-_PLUMBING = ("getitem", "executorch_call_delegate")
+#: op names of graph nodes that are plumbing, not computation (matched as substrings; ``alloc``
+#: appears in programs after ``to_executorch``)
+PLUMBING = ("alloc", "getitem", "executorch_call_delegate")
 
 
 class ExecuTorchNotInstalledError(ImportError):
     """ExecuTorch (the ``executorch`` extra) is needed and not installed."""
 
 
-def _require(module: str) -> Any:
+def import_executorch(
+    module: str, *, caller: str = "quantweave_xnnpack.to_executorch", distribution: str = "quantweave-xnnpack"
+) -> Any:
+    """``importlib.import_module(module)`` for an ExecuTorch module; when it cannot be imported,
+    raises :class:`ExecuTorchNotInstalledError` naming ``caller``, the module and how to install
+    ExecuTorch (with ``distribution``'s ``executorch`` extra)."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
         raise ExecuTorchNotInstalledError(
-            f"quantweave_xnnpack.to_executorch needs ExecuTorch 1.5.1 ({module} could not be imported: {exc}). "
-            f"Install it with: {_INSTALL}"
+            f"{caller} needs ExecuTorch 1.5.1 ({module} could not be imported: {exc}). Install it with: "
+            "pip install --no-deps torchao==0.18.0 executorch==1.5.1 && pip install ruamel.yaml flatbuffers "
+            f"tabulate (or `pip install '{distribution}[executorch]'`, which also pulls ExecuTorch's declared but "
+            "unused heavy requirements); keep torch==2.13.0"
         ) from exc
 
 
-def _op_name(node: torch.fx.Node) -> str:
+def op_name(node: torch.fx.Node) -> str:
+    """The name of a node's op as the program summaries count it: ``str(op)`` for a torch
+    ``OpOverload`` (``"quantized_decomposed.embedding_4bit.out"``), else its ``__name__``
+    (edge ops: ``"aten.linear.default"``)."""
     target = node.target
-    name = getattr(target, "__name__", None) or str(target)
-    return str(name)
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    return str(getattr(target, "__name__", None) or target)
+
+
+def is_plumbing(name: str) -> bool:
+    """True for the op names (:func:`op_name`) of plumbing nodes (:data:`PLUMBING`): getitem,
+    delegate calls, memory planning's alloc."""
+    return any(p in name for p in PLUMBING)
+
+
+@dataclass(frozen=True)
+class Delegation:
+    """What the XNNPACK partitioner took: ``delegated`` counts, per op, the nodes inside XNNPACK
+    delegates; ``not_delegated`` the compute nodes left outside (plumbing not counted)."""
+
+    delegated: Mapping[str, int]
+    not_delegated: Mapping[str, int]
+    delegate_count: int
+
+
+def lower_to_edge(
+    model: torch.nn.Module,
+    example_inputs: Sequence[Any],
+    *,
+    dynamic_shapes: Any = None,
+    partitioner_options: Mapping[str, Any] | None = None,
+    compile_config: Any = None,
+    caller: str = "quantweave_xnnpack.lower_to_edge",
+) -> tuple[Any, Delegation]:
+    """``torch.export`` ``model``, then ExecuTorch's ``to_edge_transform_and_lower`` with an
+    ``XnnpackPartitioner(**partitioner_options)`` (and ``compile_config``, an
+    ``executorch.exir.EdgeCompileConfig``). Returns the ``EdgeProgramManager`` (serialize it
+    with its ``to_executorch(...)``) and the :class:`Delegation`. ``caller`` names the API in
+    the error raised when ExecuTorch is missing."""
+    exir = import_executorch("executorch.exir", caller=caller)
+    partition = import_executorch("executorch.backends.xnnpack.partition.xnnpack_partitioner", caller=caller)
+    exported = torch.export.export(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
+    kwargs: dict[str, Any] = {"partitioner": [partition.XnnpackPartitioner(**dict(partitioner_options or {}))]}
+    if compile_config is not None:
+        kwargs["compile_config"] = compile_config
+    edge = exir.to_edge_transform_and_lower(exported, **kwargs)
+    delegated: Counter[str] = Counter()
+    not_delegated: Counter[str] = Counter()
+    delegates = 0
+    graph_module = edge.exported_program().graph_module
+    for node in graph_module.graph.nodes:
+        if node.op == "get_attr" and str(node.target).startswith("lowered_module"):
+            delegates += 1
+            for inner in getattr(graph_module, str(node.target)).original_module.graph.nodes:
+                if inner.op == "call_function" and not is_plumbing(op_name(inner)):
+                    delegated[op_name(inner)] += 1
+        elif node.op == "call_function" and not is_plumbing(op_name(node)):
+            not_delegated[op_name(node)] += 1
+    return edge, Delegation(dict(delegated), dict(not_delegated), delegates)
 
 
 @dataclass(frozen=True)
@@ -70,7 +146,7 @@ class ExecuTorchProgram:
 
     def load(self) -> LoadedProgram:
         """Load the program on the ExecuTorch runtime (``executorch.runtime``)."""
-        runtime = _require("executorch.runtime")
+        runtime = import_executorch("executorch.runtime", caller="ExecuTorchProgram.load")
         return LoadedProgram(runtime.Runtime.get().load_program(self.buffer))
 
     def save(self, path: str) -> None:
@@ -109,25 +185,15 @@ def to_executorch(
     ``executorch.exir.EdgeCompileConfig`` and ``backend_config`` an
     ``executorch.exir.ExecutorchBackendConfig``. Raises :class:`ExecuTorchNotInstalledError`,
     saying what to install, when ExecuTorch is missing."""
-    exir = _require("executorch.exir")
-    partition = _require("executorch.backends.xnnpack.partition.xnnpack_partitioner")
-    exported = torch.export.export(converted, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
-    kwargs: dict[str, Any] = {"partitioner": [partition.XnnpackPartitioner(**dict(partitioner_options or {}))]}
-    if compile_config is not None:
-        kwargs["compile_config"] = compile_config
-    edge = exir.to_edge_transform_and_lower(exported, **kwargs)
-    delegated: Counter[str] = Counter()
-    not_delegated: Counter[str] = Counter()
-    delegates = 0
-    graph_module = edge.exported_program().graph_module
-    for node in graph_module.graph.nodes:
-        if node.op == "get_attr" and node.target.startswith("lowered_module"):
-            lowered = getattr(graph_module, node.target)
-            delegates += 1
-            for inner in lowered.original_module.graph.nodes:
-                if inner.op == "call_function" and _op_name(inner) not in _PLUMBING:
-                    delegated[_op_name(inner)] += 1
-        elif node.op == "call_function" and _op_name(node) not in _PLUMBING:
-            not_delegated[_op_name(node)] += 1
+    edge, delegation = lower_to_edge(
+        converted,
+        example_inputs,
+        dynamic_shapes=dynamic_shapes,
+        partitioner_options=partitioner_options,
+        compile_config=compile_config,
+        caller="quantweave_xnnpack.to_executorch",
+    )
     program = edge.to_executorch(backend_config) if backend_config is not None else edge.to_executorch()
-    return ExecuTorchProgram(bytes(program.buffer), dict(delegated), dict(not_delegated), delegates)
+    return ExecuTorchProgram(
+        bytes(program.buffer), delegation.delegated, delegation.not_delegated, delegation.delegate_count
+    )
