@@ -13,7 +13,14 @@ up, then timed in interleaved rounds (median call reported):
 - ``fp32``: the float model (XNNPACK fp32 delegates);
 - ``llm-8bit``: 8-bit tables + dynamic int8 per-channel linears;
 - ``llm-4bit-g32`` / ``llm-4bit-g128``: 4-bit tables (groups of 32 / 128) + int8 linears;
-- ``llm-4bit-lin4``: 4-bit tables (groups of 32) + 4-bit per-channel linears.
+- ``llm-4bit-lin4``: 4-bit tables (groups of 32) + 4-bit per-channel linears;
+- ``llm-4bit-g32-f16`` / ``llm-4bit-g128-f16``: as ``-g32`` / ``-g128`` with float16 table
+  scales (``embedding_scale_dtype=torch.float16``);
+- ``llm-8bit-per-tensor``: ``llm-8bit`` with ExecuTorch's per-tensor dynamic activations
+  (``act_granularity="per_tensor"``; the recipe's default is per token).
+
+Linear activations are quantized per token (the recipe's default) except in
+``llm-8bit-per-tensor``.
 
 Also printed: .pte size and ratio to fp32, logits SQNR vs the float model and top-1 token
 agreement on 8 fixed prompts (runtime outputs), and the load average before and after.
@@ -40,6 +47,9 @@ RECIPES: dict[str, dict[str, Any]] = {
     "llm-4bit-g32": {"embedding_bits": 4, "embedding_group_size": 32},
     "llm-4bit-g128": {"embedding_bits": 4, "embedding_group_size": 128},
     "llm-4bit-lin4": {"embedding_bits": 4, "embedding_group_size": 32, "linear_bits": 4},
+    "llm-4bit-g32-f16": {"embedding_bits": 4, "embedding_group_size": 32, "embedding_scale_dtype": torch.float16},
+    "llm-4bit-g128-f16": {"embedding_bits": 4, "embedding_group_size": 128, "embedding_scale_dtype": torch.float16},
+    "llm-8bit-per-tensor": {"act_granularity": "per_tensor"},
 }
 
 

@@ -282,3 +282,57 @@ def test_lazy_names():
     with pytest.raises(AttributeError):
         quantweave_embedding.nope  # noqa: B018
     importlib.reload(quantweave_embedding)
+
+
+# -- half-precision scales -------------------------------------------------------------------------
+
+
+def _stored(converted, target=aten.embedding.default):
+    """(integer values, scales, zero points or None) of the first table read by ``target``."""
+    dq = dq_of(converted, target)[0]
+    values = getattr(converted, dq.args[0].target)
+    scales = getattr(converted, dq.args[1].target)
+    zps = getattr(converted, dq.args[2].target) if isinstance(dq.args[2], torch.fx.Node) else None
+    return values, scales, zps
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"bits": 4, "group_size": 32}, {"bits": 4, "group_size": 128}, {"bits": 8, "group_size": 64}],
+    ids=["4bit-g32", "4bit-g128", "8bit-g64"],
+)
+def test_half_scales_are_float16_values_rounded_up_and_the_integers_use_them(options):
+    torch.manual_seed(0)
+    model = nn.Embedding(64, 128)
+    tokens = torch.arange(64)[None]
+    _, full = quantize(model, EmbeddingQuantizer(**options), (tokens,))
+    _, half = quantize(model, EmbeddingQuantizer(**options, scale_dtype=torch.float16), (tokens,))
+    _, scales, zps = _stored(half)
+    _, full_scales, _ = _stored(full)
+    assert scales.dtype == torch.float32  # float32 tensors holding float16 values
+    assert torch.equal(scales.to(torch.float16).float(), scales)
+    assert zps is None or not zps.any()  # symmetric: no zero points
+    assert bool((scales >= full_scales).all()) and bool((scales <= full_scales * (1 + 2**-10)).all())
+    # the integers were computed with the rounded scales: the table dequantizes within half a step of the float one
+    with torch.no_grad():
+        out, ref = half(tokens)[0], model.weight
+    per_element = scales.repeat_interleave(128 // scales.shape[1], 1)
+    assert ((out - ref).abs() / per_element).max().item() <= 0.5 + 1e-4
+    assert sqnr(ref, out) > (38 if options["bits"] == 8 else 18)
+
+
+def test_half_scales_config_errors():
+    with pytest.raises(ValueError, match=r"scale_dtype must be torch.float32 or torch.float16; got torch.bfloat16"):
+        EmbeddingConfig(bits=4, scale_dtype=torch.bfloat16)
+    assert EmbeddingConfig().scale_dtype == torch.float32  # default unchanged
+    for options in ({"bits": 8}, {"bits": 4, "symmetric": False}):  # tables with zero points
+        with pytest.raises(
+            ValueError, match=r"scale_dtype=torch.float16 is for symmetric group-wise tables .*got bits"
+        ):
+            EmbeddingConfig(**options, scale_dtype=torch.float16)
+    huge = nn.Embedding(4, 32)
+    with torch.no_grad():
+        huge.weight.mul_(1e7)  # steps beyond float16's range
+    # named by convert: the observer, the table, the range float16 holds and what the scales were
+    with pytest.raises(qw.ConvertError, match=r"observes 'weight'.*float16's normal range .*got scales in"):
+        quantize(huge, EmbeddingQuantizer(bits=4, scale_dtype=torch.float16), (torch.tensor([[0]]),))

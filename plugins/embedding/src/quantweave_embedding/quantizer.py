@@ -21,6 +21,13 @@ embedding), ``tied="share"`` (default) makes the lookup share that op's quantiza
 earlier quantizer annotated it with a per-row spec (so the table is quantized once, and both
 read the same integers); otherwise the table is quantized with its own config.
 ``tied="own"`` always uses the config; ``tied="skip"`` leaves tied tables float.
+
+Half-precision scales (symmetric group-wise tables: 4-bit, or 8-bit with ``group_size``):
+``scale_dtype=torch.float16`` makes every scale a float16 value, rounded up (see
+``quantweave_embedding._half``), so a lowering can store them in 2 bytes instead of 4 without
+changing an output (``quantweave_executorch.to_executorch`` does). Trade-off: each step grows
+by at most 2**-11 (0.05 %); 4-bit tables in groups of 32 take 0.5625 bytes per element instead
+of 0.625 (groups of 128: 0.515625 instead of 0.53125).
 """
 
 from __future__ import annotations
@@ -37,8 +44,12 @@ from quantweave.observers import PerChannelMinMaxObserver, PerGroupMinMaxObserve
 from quantweave.plugin_api import ANNOTATION_KEY, Capability, TensorQuant, mark_annotated, set_skip_reason
 
 from ._capabilities import declared_capabilities, weight_tensor_quant
+from ._half import HalfScalePerGroupMinMaxObserver
 
-__all__ = ["EmbeddingConfig", "EmbeddingQuantizer"]
+__all__ = ["SCALE_DTYPES", "EmbeddingConfig", "EmbeddingQuantizer"]
+
+#: the dtypes table scales may be stored in (float16: scales rounded up to float16 values)
+SCALE_DTYPES = (torch.float32, torch.float16)
 
 _EMBEDDING = torch.ops.aten.embedding.default
 _TIED = ("share", "own", "skip")
@@ -51,11 +62,13 @@ NodeFilter = Callable[[Node], bool]
 class EmbeddingConfig:
     """How a table is quantized: ``bits`` 8 or 4; ``group_size`` (None: per row, 8-bit only;
     4-bit defaults to 32); ``symmetric`` for group-wise tables (default True: a scale per
-    group, no zero point)."""
+    group, no zero point); ``scale_dtype`` torch.float32 (default) or torch.float16 (scales
+    that are float16 values, symmetric group-wise tables only; see the module docstring)."""
 
     bits: int = 8
     group_size: int | None = None
     symmetric: bool | None = None
+    scale_dtype: torch.dtype = torch.float32
 
     def __post_init__(self) -> None:
         if self.bits not in (4, 8) or isinstance(self.bits, bool):
@@ -66,6 +79,16 @@ class EmbeddingConfig:
             raise ValueError(f"EmbeddingConfig: group_size must be an int >= 2 or None; got {self.group_size!r}")
         if self.symmetric is not None and not isinstance(self.symmetric, bool):
             raise ValueError(f"EmbeddingConfig: symmetric must be a bool or None; got {self.symmetric!r}")
+        if self.scale_dtype not in SCALE_DTYPES:
+            raise ValueError(
+                f"EmbeddingConfig: scale_dtype must be torch.float32 or torch.float16; got {self.scale_dtype!r}"
+            )
+        if self.scale_dtype == torch.float16 and (self.groups is None or self.symmetric is False):
+            raise ValueError(
+                "EmbeddingConfig: scale_dtype=torch.float16 is for symmetric group-wise tables (no zero points: "
+                "ExecuTorch 1.5.1's kernels cannot read half scales with zero points); got "
+                f"bits={self.bits}, group_size={self.group_size}, symmetric={self.symmetric}"
+            )
         if self.bits == 8 and self.group_size is None and self.symmetric:
             raise ValueError(
                 "EmbeddingConfig: 8-bit per-row tables are uint8 with a float scale and zero point per row (the "
@@ -89,6 +112,8 @@ class EmbeddingConfig:
                 ch_axis=0,
                 observer_or_fake_quant_ctr=PerChannelMinMaxObserver.with_args(eps=2**-12),
             )
+        half = self.scale_dtype == torch.float16
+        per_group = HalfScalePerGroupMinMaxObserver if half else PerGroupMinMaxObserver
         tq = self.tensor_quant()
         return qw.QuantizationSpec(
             dtype=torch.int8,
@@ -97,7 +122,7 @@ class EmbeddingConfig:
             qscheme=torch.per_channel_symmetric if tq.symmetric else torch.per_channel_affine,
             ch_axis=0,
             group_size=self.groups,
-            observer_or_fake_quant_ctr=PerGroupMinMaxObserver.with_args(eps=2**-12),
+            observer_or_fake_quant_ctr=per_group.with_args(eps=2**-12),
         )
 
 
@@ -155,6 +180,7 @@ class EmbeddingQuantizer(qw.Quantizer):
 
         EmbeddingQuantizer()  # 8-bit per row (embedding_byte)
         EmbeddingQuantizer(bits=4, group_size=64)  # 4-bit, groups of 64 (embedding_4bit)
+        EmbeddingQuantizer(bits=4, scale_dtype=torch.float16)  # scales that are float16 values
         EmbeddingQuantizer().set_module_name("pos", None)  # leave the table of module "pos" float
 
     ``qw.get_quantizer("embedding", **options)`` and ``qw.get_quantizer("embedding_4bit",
@@ -164,11 +190,17 @@ class EmbeddingQuantizer(qw.Quantizer):
     name = "embedding"
 
     def __init__(
-        self, bits: int = 8, group_size: int | None = None, *, symmetric: bool | None = None, tied: str = "share"
+        self,
+        bits: int = 8,
+        group_size: int | None = None,
+        *,
+        symmetric: bool | None = None,
+        tied: str = "share",
+        scale_dtype: torch.dtype = torch.float32,
     ) -> None:
         if tied not in _TIED:
             raise ValueError(f"EmbeddingQuantizer: tied must be one of {', '.join(_TIED)}; got {tied!r}")
-        self.global_config: EmbeddingConfig | None = EmbeddingConfig(bits, group_size, symmetric)
+        self.global_config: EmbeddingConfig | None = EmbeddingConfig(bits, group_size, symmetric, scale_dtype)
         self.module_name_config: dict[str, EmbeddingConfig | None] = {}
         self.module_type_config: dict[type, EmbeddingConfig | None] = {}
         self.filter_fn: NodeFilter | None = None

@@ -6,7 +6,8 @@
   as ExecuTorch's own ``XNNPACKQuantizer`` -- int8 per-channel weights, or 4-bit per-channel
   weights with ``linear_bits=4``) from
   ``quantweave-xnnpack``, then embedding tables weight-only (8-bit per row, or 4-bit
-  group-wise with ``embedding_bits=4``) from ``quantweave-embedding``. XNNPACK comes first
+  group-wise with ``embedding_bits=4``; ``embedding_scale_dtype=torch.float16`` for scales
+  stored in 2 bytes) from ``quantweave-embedding``. XNNPACK comes first
   so that a table tied to the head shares the head's per-row quantization (one quantized
   copy; ``tied="own"`` quantizes the table with its own config, ``"skip"`` leaves it float);
 - ``"vision"``: XNNPACK static quantization with per-channel weights.
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 from typing import Any
+
+import torch
 
 import quantweave as qw
 from quantweave.plugin_api import Capability, Quantizer
@@ -39,6 +42,7 @@ _LLM_DEFAULTS: dict[str, Any] = {
     "linear_bits": 8,
     "tied": "share",
     "act_granularity": "per_token",
+    "embedding_scale_dtype": torch.float32,
 }
 
 
@@ -49,6 +53,7 @@ class ExecuTorchQuantizer(qw.ComposableQuantizer):
         ExecuTorchQuantizer("llm", embedding_bits=4, embedding_group_size=32)  # 4-bit tables
         ExecuTorchQuantizer("llm", linear_bits=4)  # 4-bit per-channel linear weights
         ExecuTorchQuantizer("llm", act_granularity="per_tensor")  # ExecuTorch's own dynamic form
+        ExecuTorchQuantizer("llm", embedding_bits=4, embedding_scale_dtype=torch.float16)  # 2-byte table scales
         ExecuTorchQuantizer("vision")  # static per-channel XNNPACK
 
     ``embedding_bits=None`` / ``linear_bits=None`` drop that part of the ``"llm"`` recipe.
@@ -64,6 +69,7 @@ class ExecuTorchQuantizer(qw.ComposableQuantizer):
         linear_bits: int | None = 8,
         tied: str = "share",
         act_granularity: str = "per_token",
+        embedding_scale_dtype: torch.dtype = torch.float32,
     ) -> None:
         if preset not in PRESETS:
             raise ValueError(f"ExecuTorchQuantizer: preset must be one of {', '.join(PRESETS)}; got {preset!r}")
@@ -74,6 +80,7 @@ class ExecuTorchQuantizer(qw.ComposableQuantizer):
             "linear_bits": linear_bits,
             "tied": tied,
             "act_granularity": act_granularity,
+            "embedding_scale_dtype": embedding_scale_dtype,
         }
         members: list[Quantizer] = []
         if preset == "vision":
@@ -97,7 +104,11 @@ class ExecuTorchQuantizer(qw.ComposableQuantizer):
                 members.append(_xnnpack(config))
             if embedding_bits is not None:
                 embedding = EmbeddingQuantizer(
-                    embedding_bits, embedding_group_size, symmetric=embedding_symmetric, tied=tied
+                    embedding_bits,
+                    embedding_group_size,
+                    symmetric=embedding_symmetric,
+                    tied=tied,
+                    scale_dtype=embedding_scale_dtype,
                 )
                 embedding.plugin = "embedding"
                 members.append(embedding)
