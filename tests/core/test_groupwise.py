@@ -85,7 +85,7 @@ def _reference(weight, group_size, qmin, qmax, symmetric):
 def test_group_size_defaults_to_none_so_pt2e_specs_are_unchanged():
     spec = qw.QuantizationSpec(dtype=torch.int8, observer_or_fake_quant_ctr=PerChannelMinMaxObserver)
     assert spec.group_size is None
-    assert [f.name for f in dataclasses.fields(qw.QuantizationSpec)][-1] == "group_size"
+    assert [f.name for f in dataclasses.fields(qw.QuantizationSpec)][-2:] == ["group_size", "per_token"]
     assert group_spec(32) != group_spec(64) and group_spec(32) == group_spec(32)
 
 

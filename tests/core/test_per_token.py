@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 import quantweave as qw
-from quantweave._modules.sharing import _SHARING_ATTRS
 from quantweave.convert import choose_qparams_ops
 from quantweave.observers import MinMaxObserver, PerChannelMinMaxObserver, PlaceholderObserver
 
@@ -224,13 +223,6 @@ def test_a_per_token_and_a_per_tensor_consumer_of_one_tensor_kept_apart_by_optin
     assert reads == {"linear": qd.dequantize_per_token.default, "linear_1": qd.dequantize_per_tensor.tensor}
 
 
-@pytest.mark.xfail(
-    "per_token" not in _SHARING_ATTRS,
-    reason="implicit sharing does not yet compare per_token (_modules/sharing.py: _SHARING_ATTRS), so the two "
-    "specs are merged and prepare names the conflict",
-    raises=qw.AnnotationError,
-    strict=True,
-)
 def test_a_per_token_and_a_per_tensor_consumer_of_one_tensor_are_not_merged_by_implicit_sharing():
     per_tensor = act_spec(per_token=False)
     converted = convert(TwoHeads().eval(), DynamicLinearQuantizer(act_spec(), per_tensor), torch.randn(3, 16))

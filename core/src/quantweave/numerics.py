@@ -45,7 +45,7 @@ from torch.fx import GraphModule, Interpreter, Node
 
 from ._modules.batch_norm import batch_norm_call
 from ._modules.text import render_table
-from .convert import dequantize_ops, quantize_ops
+from .convert import choose_qparams_ops, dequantize_ops, quantize_ops
 
 __all__ = ["NumericsReport", "OpNumerics", "compare", "join_annotation_report"]
 
@@ -221,11 +221,7 @@ class _Machinery:
     quantize: frozenset[Any] = field(default_factory=lambda: frozenset(quantize_ops()))
     dequantize: frozenset[Any] = field(default_factory=lambda: frozenset(dequantize_ops()))
 
-    def __post_init__(self) -> None:
-        from ._modules.torch_compat import quantized_decomposed_ops
-
-        qd = quantized_decomposed_ops()
-        self.choose = frozenset((qd.choose_qparams.tensor, qd.choose_qparams_symmetric.tensor))
+    choose: frozenset[Any] = field(default_factory=lambda: frozenset(choose_qparams_ops()))
 
     def is_machinery(self, node: Node) -> bool:
         """quantize / dequantize / choose_qparams nodes and the getitems of choose_qparams."""

@@ -44,6 +44,7 @@ _SHARING_ATTRS = (
     "scale",
     "zero_point",
     "group_size",
+    "per_token",
 )
 _MISSING = object()
 
