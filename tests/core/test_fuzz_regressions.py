@@ -170,14 +170,9 @@ def test_inplace_ops_are_matched_as_their_functional_op():
     assert matches(prepared.graph, chain_of(qw.capabilities.PATTERNS["conv2d_relu"][1])) == [(conv, relu)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="issue #13: the report (core/src/quantweave/report.py, not changed yet) compares str(node.target) "
-    "with the vocabulary, so it does not list in-place ops although quantizers claim them; the fix is to "
-    "compare quantweave.capabilities.vocabulary_op(...) (fuzz gap inplace-op-not-in-report)",
-)
 def test_report_lists_inplace_ops():
+    """Before (fuzz gap inplace-op-not-in-report, issue #13): the report compared
+    str(node.target) with the vocabulary and did not list relu_ although x86 fused it."""
     quantizer = qw.get_quantizer("x86")
     prepared = qw.prepare_pt2e(export(ConvInPlaceRelu(), torch.randn(1, 3, 8, 8)), quantizer)
     relu = next(n for n in prepared.graph.nodes if n.target == aten.relu_.default)
@@ -213,14 +208,9 @@ def test_a_padding_same_conv_is_matched_as_a_conv():
     assert conv in covered
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="issue #13: the report (core/src/quantweave/report.py, not changed yet) compares str(node.target) "
-    "with the vocabulary, so it does not list aten.conv2d.padding (padding='same' / 'valid'); the fix is to "
-    "compare quantweave.capabilities.vocabulary_op(...) (fuzz gap conv-padding-overload-not-in-report)",
-)
 def test_report_lists_a_padding_same_conv():
+    """Before (fuzz gap conv-padding-overload-not-in-report, issue #13): the report did not
+    list aten.conv2d.padding, which xnnpack quantizes."""
     quantizer = qw.get_quantizer("xnnpack")
     prepared = qw.prepare_pt2e(export(SameConv(), torch.randn(1, 3, 8, 8)), quantizer)
     conv = next(n for n in prepared.graph.nodes if n.target == aten.conv2d.padding)

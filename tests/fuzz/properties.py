@@ -3,10 +3,10 @@
 Each check returns a list of problems in words (empty: the property holds). The tests
 assert the list is empty, so a failure prints every broken property of the example.
 
-Known gaps (the report not listing in-place ops and string-padding convs yet; xnnpack's
-clamps after a wide input) are excused here *narrowly*, and each is pinned by a strict xfail in
-``tests/core/test_fuzz_regressions.py``: when a gap is closed, its xfail passes, the strict
-marker fails the suite, and the excuse below must be removed with it.
+Known gaps (xnnpack's clamps after a wide input; QAT's eps) are excused here *narrowly*,
+and each is pinned by a strict xfail in ``tests/core/test_fuzz_regressions.py``: when a gap
+is closed, its xfail passes, the strict marker fails the suite, and the excuse below must
+be removed with it.
 """
 
 from __future__ import annotations
@@ -63,13 +63,6 @@ def weight_bits(config: QConfig) -> int:
 
 def _base_name(label: str) -> str:
     return label.split("#")[0]
-
-
-def _vocabulary_alias(op: str) -> bool:
-    """An op the vocabulary matches as another (in place, a conv with a string padding),
-    which the report does not list yet (test_report_lists_inplace_ops,
-    test_report_lists_a_padding_same_conv)."""
-    return functional_name(op) != op
 
 
 # -- one generated model, exported once, with what the flows must leave untouched ------------
@@ -273,11 +266,6 @@ def report_problems(flow: Flow, case: Case) -> list[str]:
         if node.op != "call_function" or annotation is None or node.name in listed:
             continue
         if not getattr(annotation, "_annotated", False) or SKIP_REASON_KEY in node.meta:
-            continue
-        if _vocabulary_alias(str(node.target)):
-            # test_report_lists_inplace_ops / test_report_lists_a_padding_same_conv
-            padding = str(node.target).endswith(".padding")
-            stats.GAPS["conv-padding-overload-not-in-report" if padding else "inplace-op-not-in-report"] += 1
             continue
         problems.append(f"{node.name} ({node.target}) was claimed by a quantizer but the report does not list it")
     return problems

@@ -3,8 +3,9 @@
 ``annotation_report(model, quantizer)`` reads the annotations that ``prepare_pt2e`` leaves
 on the prepared model's nodes (or on an annotated graph) and lists every node whose op is
 in the pattern vocabulary (core patterns, and the patterns the quantizer's capabilities
-name): ``quantized`` with the quantizer that annotated it
-(``node.meta[ANNOTATED_BY_KEY]``, written by ``mark_annotated(..., by=...)`` and by
+name; an in-place op such as ``relu_`` and a conv with ``padding="same"`` count as the op
+they compute, ``quantweave.capabilities.vocabulary_op``): ``quantized`` with the quantizer
+that annotated it (``node.meta[ANNOTATED_BY_KEY]``, written by ``mark_annotated(..., by=...)`` and by
 ``ComposableQuantizer``), or ``float`` with the reason, from the quantizer that
 considered the node. ``NodeReport.kind`` says which kind of reason it is:
 
@@ -46,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch.fx import GraphModule, Node
 
+from ._modules.patterns import node_op
 from ._modules.text import render_table
 from .annotation import ANNOTATED_BY_KEY, ANNOTATION_KEY, SKIP_REASON_KEY, QuantizationAnnotation
 from .capabilities import PATTERNS
@@ -331,11 +333,11 @@ class _Graph:
                     found.append(path)
                     return
                 for user in self.users(path[-1]):
-                    if user.op == "call_function" and str(user.target) in chain[len(path)]:
+                    if user.op == "call_function" and node_op(user) in chain[len(path)]:
                         extend((*path, user))
 
             for node in self.nodes:
-                if node.op == "call_function" and str(node.target) in chain[0]:
+                if node.op == "call_function" and node_op(node) in chain[0]:
                     extend((node,))
             self._occurrences[ops] = found
         return self._occurrences[ops]
@@ -359,7 +361,7 @@ def _shadowed(node: Node, graph: _Graph, considered: _Considered, default: str |
     quantized only after the member's own patterns, its producer)."""
     if not considered.composed:
         return None
-    op = str(node.target)
+    op = node_op(node)
     for label, cap in considered.declared.get(op, []):
         rank = considered.order(label)
         candidates: list[tuple[int, Node]] = []
@@ -400,7 +402,7 @@ def _float_reason(
     node: Node, graph: _Graph, considered: _Considered, default: str | None, reason: object
 ) -> tuple[str, str]:
     """(kind, reason in words) for a float node."""
-    op = str(node.target)
+    op = node_op(node)
     annotation = node.meta.get(ANNOTATION_KEY)
     if _claimed(annotation) and isinstance(reason, str):
         owner = _owner(node, default)
@@ -450,7 +452,7 @@ def annotation_report(
     reports: list[NodeReport] = []
     for node in model.graph.nodes:
         op = str(node.target)
-        if node.op != "call_function" or op not in ops:
+        if node.op != "call_function" or node_op(node) not in ops:
             continue
         annotation = node.meta.get(ANNOTATION_KEY)
         reason = node.meta.get(SKIP_REASON_KEY)
