@@ -83,12 +83,12 @@ def test_members_are_the_plugins_public_quantizers():
 # -- capability tables ---------------------------------------------------------------------------
 
 LLM_TABLE = """\
-pattern           mode         served by  declared by  shadowed  weight                                                activation                        output
-----------------  -----------  ---------  -----------  --------  ----------------------------------------------------  --------------------------------  ------
-conv2d            dynamic      xnnpack    xnnpack      -         int8[-127,127] per_channel axis 0 sym                 int8[-128,127] per_tensor affine  float
-conv_transpose2d  dynamic      xnnpack    xnnpack      -         int8[-127,127] per_channel axis 1 sym                 int8[-128,127] per_tensor affine  float
-embedding         weight_only  embedding  embedding    -         uint8[0,255] per_channel_float_qparams axis 0 affine  -                                 float
-linear            dynamic      xnnpack    xnnpack      -         int8[-127,127] per_channel axis 0 sym                 int8[-128,127] per_tensor affine  float"""  # noqa: E501
+pattern           mode         served by  declared by  shadowed  weight                                                activation                       output
+----------------  -----------  ---------  -----------  --------  ----------------------------------------------------  -------------------------------  ------
+conv2d            dynamic      xnnpack    xnnpack      -         int8[-127,127] per_channel axis 0 sym                 int8[-128,127] per_token affine  float
+conv_transpose2d  dynamic      xnnpack    xnnpack      -         int8[-127,127] per_channel axis 1 sym                 int8[-128,127] per_token affine  float
+embedding         weight_only  embedding  embedding    -         uint8[0,255] per_channel_float_qparams axis 0 affine  -                                float
+linear            dynamic      xnnpack    xnnpack      -         int8[-127,127] per_channel axis 0 sym                 int8[-128,127] per_token affine  float"""  # noqa: E501
 
 
 def test_llm_table_as_text_and_json_with_provenance():

@@ -578,3 +578,32 @@ def test_every_float_node_of_a_declared_op_says_why(builder, dynamic):
     report = qw.annotation_report(prepared, quantizer)
     assert report.quantized > 0
     assert [(n.node, n.op) for n in report.nodes if n.kind == "unexplained"] == []
+
+
+def _per_token_info(declared: str) -> QuantizerInfo:
+    """Dynamic quantizer configured per token, declaring activations ``declared``."""
+    return QuantizerInfo(
+        name="xnnpack",
+        factory=plugin.make_quantizer,
+        capabilities=declared_capabilities(is_per_channel=True, is_dynamic=True, act_granularity=declared),
+        mode_options={"dynamic": {"is_per_channel": True, "is_dynamic": True, "act_granularity": "per_token"}},
+    )
+
+
+def test_per_token_dynamic_conforms_and_declares_per_token():
+    q = quantizer(is_dynamic=True, is_per_channel=True, act_granularity="per_token")
+    caps = q.quantization_capabilities()
+    assert caps == declared_capabilities(is_per_channel=True, is_dynamic=True, act_granularity="per_token")
+    assert {c.activation.granularity for c in caps} == {"per_token"}
+    assert "int8[-128,127] per_token affine" in {str(c.activation) for c in caps}
+    # the kit checks the annotation (per_token) and the converted graph (dequantize_per_token
+    # of a quantize_per_token whose scale choose_qparams_per_token_asymmetric chose)
+    assert check_conformance(_per_token_info("per_token"), plugin="xnnpack") == []
+
+
+def test_kit_rejects_a_per_token_quantizer_declared_per_tensor():
+    failures = check_conformance(_per_token_info("per_tensor"), plugin="xnnpack")
+    assert failures
+    assert any("declared int8[-128,127] per_tensor affine" in str(f) and "per_token" in str(f) for f in failures), [
+        str(f) for f in failures
+    ]

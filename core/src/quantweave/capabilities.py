@@ -240,7 +240,7 @@ PROBE_PRODUCERS: dict[str, str] = {
 }
 
 
-_GRANULARITIES = ("per_tensor", "per_channel", "per_channel_float_qparams", "per_group")
+_GRANULARITIES = ("per_tensor", "per_channel", "per_channel_float_qparams", "per_group", "per_token")
 _DTYPES = tuple(str(d).removeprefix("torch.") for d in INTEGER_DTYPES)
 
 
@@ -255,7 +255,12 @@ class TensorQuant:
     ``granularity="per_group"`` with ``group_size``: qparams per row (``ch_axis`` 0) and per
     run of ``group_size`` elements along it (a ``QuantizationSpec`` with ``group_size``;
     converted to ``quantize_per_channel_group``). ``group_size`` is stated for ``per_group``
-    only, and always."""
+    only, and always.
+
+    ``granularity="per_token"``: dynamic, one (scale, zero point) per row over the last
+    dimension, chosen at run time (a ``QuantizationSpec`` with ``per_token=True``; converted
+    to ``choose_qparams_per_token_asymmetric`` / ``quantize_per_token`` /
+    ``dequantize_per_token``): int8 [-128, 127], affine, no ``ch_axis``."""
 
     dtype: str
     quant_min: int
@@ -278,7 +283,9 @@ class TensorQuant:
                 f"TensorQuant: expected {lo} <= quant_min <= quant_max <= {hi} for {self.dtype}; "
                 f"got quant_min={self.quant_min}, quant_max={self.quant_max}"
             )
-        if self.ch_axis is not None and (self.granularity == "per_tensor" or not isinstance(self.ch_axis, int)):
+        if self.ch_axis is not None and (
+            self.granularity in ("per_tensor", "per_token") or not isinstance(self.ch_axis, int)
+        ):
             raise ValueError(
                 f"TensorQuant: ch_axis is an int stated for per-channel granularities only; got ch_axis="
                 f"{self.ch_axis!r} with granularity {self.granularity!r}"
@@ -332,6 +339,8 @@ def tensor_quant_from_spec(spec: Any) -> TensorQuant | None:
     qscheme = getattr(spec, "qscheme", None)
     axis = getattr(spec, "ch_axis", None) if is_per_channel(qscheme) else None
     name = str(dtype).removeprefix("torch.")
+    if getattr(spec, "per_token", False):
+        return TensorQuant(name, int(qmin), int(qmax), "per_token", False)
     group_size = getattr(spec, "group_size", None)
     if group_size is not None:
         return TensorQuant(name, int(qmin), int(qmax), "per_group", is_symmetric(qscheme), axis, int(group_size))

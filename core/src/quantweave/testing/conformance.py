@@ -33,6 +33,7 @@ Use from pytest (third-party plugins too)::
 from __future__ import annotations
 
 import itertools
+import operator
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -481,6 +482,7 @@ def _run_flow(
     folds_bn: bool = False,
     fused: tuple[str, ...] = (),
     grouped: tuple[str, TensorQuant] | None = None,
+    tokenwise: str | None = None,
 ) -> list[str]:
     try:
         if mode is Mode.QAT:
@@ -498,6 +500,10 @@ def _run_flow(
         return ["the batch norm of the quantized conv was not folded into it by convert_pt2e"]
     if grouped is not None:
         problems = _check_grouped_weight(converted, *grouped)
+        if problems:
+            return problems
+    if tokenwise is not None:
+        problems = _check_per_token_activation(converted, tokenwise)
         if problems:
             return problems
     by_name = {n.name: n for n in converted.graph.nodes}
@@ -550,6 +556,34 @@ def _check_grouped_weight(converted: GraphModule, anchor_name: str, declared: Te
             f"{where}: {tuple(scale_values.shape)} scales for a {tuple(values.shape)} weight in groups of {group_size}"
         )
     return problems
+
+
+def _check_per_token_activation(converted: GraphModule, anchor_name: str) -> list[str]:
+    """An activation declared ``per_token`` is quantized per token at run time after
+    ``convert_pt2e``: the anchor reads it through ``dequantize_per_token``, whose scale and
+    zero point come from ``choose_qparams_per_token_asymmetric`` of the same tensor."""
+    anchor = next((n for n in converted.graph.nodes if n.name == anchor_name), None)
+    if anchor is None:
+        return [f"per-token activation: {anchor_name!r} is not in the converted graph"]
+    where = f"activation input of {anchor_name!r} after convert_pt2e"
+    dq = anchor.args[0] if anchor.args and isinstance(anchor.args[0], Node) else None
+    if dq is None or _op_name(dq) != "quantized_decomposed.dequantize_per_token.default":
+        found = "nothing" if dq is None else _op_name(dq) if dq.op == "call_function" else dq.op
+        return [f"{where}: declared per_token, but it is not read through dequantize_per_token ({found})"]
+    q = dq.args[0]
+    scale = dq.args[1]
+    choose = scale.args[0] if isinstance(scale, Node) and scale.target is operator.getitem else None
+    if not isinstance(q, Node) or _op_name(q) != "quantized_decomposed.quantize_per_token.default":
+        return [f"{where}: dequantize_per_token does not read a quantize_per_token"]
+    if (
+        not isinstance(choose, Node)
+        or _op_name(choose) != "quantized_decomposed.choose_qparams_per_token_asymmetric.default"
+        or choose.args[0] is not q.args[0]
+    ):
+        return [
+            f"{where}: its scale is not chosen per token (choose_qparams_per_token_asymmetric) from the same tensor"
+        ]
+    return []
 
 
 def _attr_value(gm: GraphModule, target: str) -> torch.Tensor:
@@ -612,7 +646,14 @@ def check_capability(
             if cap.weight is not None and cap.weight.granularity == "per_group" and occurrence
             else None
         )
-        failures += [fail(p) for p in _run_flow(quantizer, exported, inputs, cap.mode, folds_bn, fused, grouped)]
+        tokenwise = (
+            occurrence[0][0].name
+            if cap.activation is not None and cap.activation.granularity == "per_token" and occurrence
+            else None
+        )
+        failures += [
+            fail(p) for p in _run_flow(quantizer, exported, inputs, cap.mode, folds_bn, fused, grouped, tokenwise)
+        ]
     return failures
 
 

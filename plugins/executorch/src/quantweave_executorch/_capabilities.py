@@ -24,6 +24,7 @@ def member_declarations(
     embedding_group_size: int | None = None,
     embedding_symmetric: bool | None = None,
     linear_bits: int | None = 8,
+    act_granularity: str = "per_token",
 ) -> list[tuple[str, tuple[Capability, ...]]]:
     """(plugin, its declarations) per member of the recipe, in member order."""
     if preset == "vision":
@@ -32,7 +33,12 @@ def member_declarations(
     if linear_bits is not None:
         four = {"weight_qmin": -8, "weight_qmax": 7} if linear_bits == 4 else {}
         members.append(
-            ("xnnpack", quantweave_xnnpack.declared_capabilities(is_per_channel=True, is_dynamic=True, **four))
+            (
+                "xnnpack",
+                quantweave_xnnpack.declared_capabilities(
+                    is_per_channel=True, is_dynamic=True, act_granularity=act_granularity, **four
+                ),
+            )
         )
     if embedding_bits is not None:
         caps = quantweave_embedding.declared_capabilities(embedding_bits, embedding_group_size, embedding_symmetric)
@@ -46,13 +52,14 @@ def declared_capabilities(
     embedding_group_size: int | None = None,
     embedding_symmetric: bool | None = None,
     linear_bits: int | None = 8,
+    act_granularity: str = "per_token",
 ) -> tuple[Capability, ...]:
     """What an ``ExecuTorchQuantizer`` with these options quantizes: its members'
     declarations, each with the member plugin as provenance (``plugin``) and in ``notes``.
     The members of a recipe declare disjoint (pattern, mode) keys, so none shadows another."""
     out: list[Capability] = []
     for plugin, caps in member_declarations(
-        preset, embedding_bits, embedding_group_size, embedding_symmetric, linear_bits
+        preset, embedding_bits, embedding_group_size, embedding_symmetric, linear_bits, act_granularity
     ):
         for cap in caps:
             note = f"served by quantweave-{plugin}" + (f"; {cap.notes}" if cap.notes else "")

@@ -86,6 +86,7 @@ def declared_capabilities(
     act_qmax: int = 127,
     weight_qmin: int = -127,
     weight_qmax: int = 127,
+    act_granularity: str = "per_tensor",
 ) -> tuple[Capability, ...]:
     """What an ``XNNPACKQuantizer`` whose global config is
     ``get_symmetric_quantization_config(...)`` with these arguments annotates
@@ -93,8 +94,9 @@ def declared_capabilities(
     (per-tensor, or per-channel with ``is_per_channel``: output channels, axis 0 for conv
     and linear, axis 1 for conv_transpose), float bias; static and QAT outputs get their own
     qparams, dynamic outputs stay float. Dynamic conv applies only to 4-D, non-depthwise
-    weights (a note on the capability; the kit probes a 4-D conv)."""
-    act = TensorQuant("int8", act_qmin, act_qmax, "per_tensor", symmetric=False)
+    weights (a note on the capability; the kit probes a 4-D conv). ``act_granularity=
+    "per_token"`` (dynamic only): activations quantized per token at run time."""
+    act = TensorQuant("int8", act_qmin, act_qmax, act_granularity, symmetric=False)
 
     def weight(pattern: str) -> TensorQuant:
         if not is_per_channel:

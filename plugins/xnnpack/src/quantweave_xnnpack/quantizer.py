@@ -686,6 +686,7 @@ class XNNPACKQuantizer(qw.Quantizer):
             is_per_channel=weight.qscheme in (torch.per_channel_symmetric, torch.per_channel_affine),
             is_qat=config.is_qat,
             is_dynamic=act.is_dynamic,
+            act_granularity="per_token" if act.per_token else "per_tensor",
             act_qmin=act.quant_min if act.quant_min is not None else -128,
             act_qmax=act.quant_max if act.quant_max is not None else 127,
             weight_qmin=weight.quant_min if weight.quant_min is not None else -128,
