@@ -169,3 +169,21 @@ def test_annotating_a_second_model_leaves_the_first_ones_owners_alone():
     composed.annotate(second)
     assert annotated_by(first) == {"relu": "r", "add": "a"}
     assert annotated_by(second) == {"relu": "caller", "add": "a"}
+
+
+def test_the_rows_own_pattern_claims_after_its_producer_before_a_later_pattern_of_the_same_ops():
+    """The relu row is probed behind a cat. The member declares relu (only after its own
+    producer), cat, and a later pattern of the same op claiming after any producer. The cat
+    claims mid-pass; before, the later pattern took the relu in that same pass and the row
+    read as not served as declared. Now the member's loop restarts after each claim, so its
+    own pattern gets the relu first."""
+    caps = (
+        Capability("relu", "static", ACT, input_from="own"),
+        Capability("cat", "static", ACT),
+        Capability("relu_after_any", "static", ACT, ops=("aten.relu.default",), input_from="any"),
+    )
+    composed = ComposableQuantizer([OpQuantizer("member", aten.relu.default, caps=caps)])
+    row = {(r.pattern, r.mode): r for r in composed.capability_table()}[("relu", Mode.STATIC)]
+    assert row.served_as == (("member", "relu"),)
+    assert row.served_by == "member" and row.served_as_declared and row.shadowed == ()
+    assert "relu" in {c.pattern for c in composed.quantization_capabilities()}

@@ -207,26 +207,32 @@ class ComposableQuantizer(Quantizer):
                 (c for lb, c in declared if lb == label and c.ops),
                 key=lambda c: (c.pattern != pattern, -len(chain_of(c.ops))),
             )
-            # until nothing changes: a producer-dependent pattern may claim once the member's
-            # producer pattern has claimed the step before it
-            changed = True
-            while changed:
-                changed = False
-                for cap in mine:
-                    inner = chain_of(cap.ops)
-                    for offset in embeddings(inner, chain):
-                        span = range(offset, offset + len(inner))
-                        if any(claims[i] is not None for i in span):
-                            continue
-                        before = claims[offset - 1] if offset > 0 else None
-                        if cap.input_from == "own" and (before is None or before[0] != label):
-                            continue
-                        if cap.input_from == "any" and before is None:
-                            continue
-                        for i in span:
-                            claims[i] = (label, cap.pattern)
-                        changed = True
+            # one claim at a time, then from the member's first pattern again: a claim may let
+            # a producer-dependent pattern claim the step after it, and the row's own pattern
+            # (first) must get it before another of the member's patterns listed later
+            while self._claim_one(label, mine, chain, claims):
+                pass
         return tuple(claims)
+
+    @staticmethod
+    def _claim_one(label: str, mine: list[Capability], chain: Chain, claims: list[tuple[str, str] | None]) -> bool:
+        """Claims the first free occurrence of the first of ``mine`` that fits ``chain``
+        (a producer-dependent pattern only after its producer); whether one was claimed."""
+        for cap in mine:
+            inner = chain_of(cap.ops)
+            for offset in embeddings(inner, chain):
+                span = range(offset, offset + len(inner))
+                if any(claims[i] is not None for i in span):
+                    continue
+                before = claims[offset - 1] if offset > 0 else None
+                if cap.input_from == "own" and (before is None or before[0] != label):
+                    continue
+                if cap.input_from == "any" and before is None:
+                    continue
+                for i in span:
+                    claims[i] = (label, cap.pattern)
+                return True
+        return False
 
     def quantization_capabilities(self) -> list[Capability]:
         """What the composition delivers: each pattern a member serves as it declares it,
