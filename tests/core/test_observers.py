@@ -88,7 +88,19 @@ def test_histogram_observer_keeps_torch_s_histogram_state_and_qparams_after_ever
         assert _same_state(ours, theirs, ("min_val", "max_val", "histogram"))
     scale, zero_point = ours.calculate_qparams()
     expected = theirs.calculate_qparams()
-    assert torch.equal(scale, expected[0]) and torch.equal(zero_point, expected[1])
+    if kind != "huge":
+        assert torch.equal(scale, expected[0]) and torch.equal(zero_point, expected[1])
+        return
+    # values ~1e30: torch's float32 search error overflows (NaN) and its search runs on,
+    # clipping half the data (affine: zero point 255); quantweave's takes that error in
+    # float64 (test_fuzz_regressions.py), so its qparams are never worse than torch's
+    assert _rms_error(data, scale, zero_point, qmin, qmax) <= _rms_error(data, *expected, qmin, qmax)
+
+
+def _rms_error(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, qmin: int, qmax: int) -> float:
+    x, s, z = x.double(), float(scale), int(zero_point)
+    q = torch.clamp(torch.round(x / s) + z, qmin, qmax)
+    return float(((q - z) * s - x).pow(2).mean().sqrt())
 
 
 def test_fast_histogram_observer_is_the_default_under_its_old_name():

@@ -13,7 +13,6 @@ be removed with it.
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +20,6 @@ import torch
 from torch.fx import GraphModule, Node
 
 import quantweave as qw
-from quantweave.observers import HistogramObserver
 from quantweave.plugin_api import ANNOTATED_BY_KEY, ANNOTATION_KEY, SKIP_REASON_KEY
 
 from . import stats
@@ -209,38 +207,10 @@ XNNPACK_CLAMPS = frozenset({"aten.hardtanh.default", "aten.relu6.default", "aten
 CLAMP_RATIO = 16.0
 
 
-def histogram_search_overflowed(observer: torch.nn.Module) -> bool:
-    """Whether a calibrated HistogramObserver's min/max search met a non-finite L2 error.
-
-    torch's ``HistogramObserver._compute_quantization_error`` (quantweave's, torchao's and
-    ExecuTorch's recipes alike) sums ``density * (end**3 - begin**3) / 3`` in float32: once a
-    step of the search clips a bin ~7e12 (``cbrt(float32 max)``) from the kept range, the
-    cube is inf and the error NaN; ``NaN > norm_min`` is False, so the search never stops and
-    shrinks the range onto a sliver of the data (fuzz gap histogram-search-overflows-float32;
-    ``test_histogram_observer_keeps_the_range_of_values_near_1e13``). Replays the search on a
-    copy, recording every error it computes."""
-    if not isinstance(observer, HistogramObserver) or float(observer.histogram.sum()) <= 0:
-        return False
-    replay = copy.deepcopy(observer)
-    errors: list[float] = []
-    compute = replay._compute_quantization_error
-
-    def recorded(start_bin: int, end_bin: int) -> Any:
-        error = compute(start_bin, end_bin)
-        errors.append(float(error))
-        return error
-
-    replay._compute_quantization_error = recorded  # type: ignore[method-assign]
-    replay._non_linear_param_search()
-    return any(not math.isfinite(e) for e in errors)
-
-
 def sqnr_gap(flow: Flow, case: Case) -> str | None:
     """The known gap that explains a low SQNR, if any."""
     if flow.prepared is None or flow.quantizer is None or case.ranges is None:
         return None
-    if any(histogram_search_overflowed(m) for m in flow.prepared.modules()):
-        return "histogram-search-overflows-float32"
     default = members(flow.quantizer)[0][0]
     for node in flow.prepared.graph.nodes:
         annotation = node.meta.get(ANNOTATION_KEY)

@@ -32,6 +32,7 @@ the torch API and this module, on a torch that changed it:
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -152,8 +153,47 @@ class HistogramObserverHooks(HistogramObserver):
         return super()._non_linear_param_search()
 
     def quantization_error(self, start_bin: int, end_bin: int) -> float:
-        """The L2 quantization error of keeping only bins ``start_bin..end_bin``."""
-        return float(self._compute_quantization_error(start_bin, end_bin))
+        """The L2 quantization error of keeping only bins ``start_bin..end_bin``: torch's
+        value, bit for bit, wherever it is finite. torch sums ``density * (end**3 -
+        begin**3) / 3`` in float32, which overflows once a clipped bin lies ~7e12 from the
+        kept range (values near 1e13): the error becomes NaN, the search never stops, and
+        the range shrinks to a sliver (SQNR 0 dB; torch and torchao 0.18 do this). Then the
+        same sum is taken in float64."""
+        error = float(self._compute_quantization_error(start_bin, end_bin))
+        if math.isfinite(error):
+            return error
+        return _quantization_error_float64(
+            self.histogram, float(self.min_val), float(self.max_val), self.dst_nbins, start_bin, end_bin
+        )
+
+
+def _quantization_error_float64(
+    histogram: torch.Tensor, lo: float, hi: float, dst_nbins: int, start_bin: int, end_bin: int
+) -> float:
+    """The L2 error of quantizing ``histogram`` (on [lo, hi]) to ``dst_nbins`` levels spread
+    over bins ``start_bin..end_bin``, every term in float64: each source bin's mass is taken
+    as uniform over the bin, and the squared distance to the centre of the destination bin(s)
+    it falls in is integrated (the cube of a distance, hence float64 for values near 1e13).
+    The same model of the error as torch's HistogramObserver."""
+    bins = histogram.numel()
+    width = (hi - lo) / bins
+    step = width * (end_bin - start_bin + 1) / dst_nbins
+    if step == 0.0:
+        return 0.0
+    density = histogram.detach().to(torch.float64) / width
+    begin = (torch.arange(bins, dtype=torch.float64) - start_bin) * width  # from the first kept bin
+    end = begin + width
+    first = torch.clamp(torch.div(begin, step, rounding_mode="floor"), 0, dst_nbins - 1)
+    last = torch.clamp(torch.div(end, step, rounding_mode="floor"), 0, dst_nbins - 1)
+
+    def integral(a: torch.Tensor | float, b: torch.Tensor | float) -> torch.Tensor:
+        return density * (b**3 - a**3) / 3  # type: ignore[operator]
+
+    half = step / 2
+    total = integral(begin - (first + 0.5) * step, half)  # the part in the first destination bin
+    total = total + (last - first - 1) * integral(-half, half)  # whole destination bins between
+    total = total + integral(-half, end - (last * step + half))  # the part in the last one
+    return float(total.sum())
 
 
 # -- 6. HistogramObserver's private re-binning --------------------------------------------------

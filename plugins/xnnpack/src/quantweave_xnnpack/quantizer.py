@@ -90,6 +90,7 @@ _SHARE_QPARAMS = frozenset(
         aten.relu.default,
         aten.relu_.default,
         aten.relu6.default,
+        aten.relu6_.default,
         aten.hardtanh.default,
         aten.hardtanh_.default,
         aten.max_pool2d.default,
