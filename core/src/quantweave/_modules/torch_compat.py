@@ -187,7 +187,7 @@ def _quantization_error_float64(
     last = torch.clamp(torch.div(end, step, rounding_mode="floor"), 0, dst_nbins - 1)
 
     def integral(a: torch.Tensor | float, b: torch.Tensor | float) -> torch.Tensor:
-        return density * (b**3 - a**3) / 3  # type: ignore[operator]
+        return density * (b**3 - a**3) / 3
 
     half = step / 2
     total = integral(begin - (first + 0.5) * step, half)  # the part in the first destination bin
