@@ -110,7 +110,7 @@ def main() -> None:
     print(f"load average (1, 5, 15 min) before {load_before}, after {load_after}")
     fp32_bytes = len(programs["fp32"].buffer)
     results: dict[str, Any] = {"parameters": params, "load_before": load_before, "load_after": load_after}
-    print(f"{'program':<15} {'.pte bytes':>12} {'vs fp32':>8} {'forward ms':>11} {'SQNR dB':>8} {'top-1':>6}  tables")
+    print(f"{'program':<19} {'.pte bytes':>12} {'vs fp32':>8} {'forward ms':>11} {'SQNR dB':>8} {'top-1':>6}  tables")
     for name, program in programs.items():
         out = outputs[name]
         row = {
@@ -123,7 +123,7 @@ def main() -> None:
         }
         results[name] = row
         print(
-            f"{name:<15} {row['pte_bytes']:>12,} {row['smaller_than_fp32']:>7.2f}x {row['forward_ms']:>11.3f} "
+            f"{name:<19} {row['pte_bytes']:>12,} {row['smaller_than_fp32']:>7.2f}x {row['forward_ms']:>11.3f} "
             f"{row['sqnr_vs_float_db']:>8.1f} {row['top1_agreement']:>6.3f}  {', '.join(row['table_kernels'])}"
         )
     if args.json:
