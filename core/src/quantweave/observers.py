@@ -75,7 +75,10 @@ class HistogramObserver(HistogramObserverHooks):
     - when a batch widens the range, the histogram is re-binned onto it with the same
       mid-point assignment and the same float32 sums as torch's, without its per-element
       bucket search (:meth:`_upscale_histogram`);
-    - the min/max search (:meth:`search_min_max`) makes torch's comparisons on a list.
+    - the min/max search (:meth:`search_min_max`) makes torch's comparisons on a list;
+      where torch's float32 L2 error overflows (values beyond ~7e12: NaN, and torch's
+      search collapses the range), the error is taken in float64 -- the one place the
+      qparams differ from torch's, on purpose.
 
     Inputs the fast path does not cover (not float32 on CPU, 2**24 elements or more,
     infinities or NaN, a state that is not float32 on CPU) take torch's own code. It is the
