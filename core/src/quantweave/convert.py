@@ -265,25 +265,13 @@ def _replace_observer(
     group_size = getattr(module, "group_size", None)
     dq_extra: tuple[Any, ...] = ()
     if group_size is not None:  # group-wise: (rows, groups) qparams, groups along the last dimension
-        scale_name = new_attr_name(gm, f"{name}_scale_")
-        zp_name = new_attr_name(gm, f"{name}_zero_point_")
-        gm.register_buffer(scale_name, torch.as_tensor(scale_t).detach().clone())
-        gm.register_buffer(zp_name, torch.as_tensor(zero_point_t).detach().clone())
-        with graph.inserting_before(node):
-            scale_node = graph.get_attr(scale_name)
-            zp_node = graph.get_attr(zp_name)
+        scale_node, zp_node = _qparam_buffers(gm, node, name, scale_t, zero_point_t)
         q_args = (scale_node, zp_node, quant_min, quant_max, dtype, int(group_size))
         q_op, dq_op = _qd.quantize_per_channel_group.default, _qd.dequantize_per_channel_group.default
         dq_extra = (dq_kwargs.pop("out_dtype", torch.float32),)  # output_dtype is positional here
     elif is_per_channel(qscheme):
         axis = int(module.ch_axis)  # type: ignore[arg-type]
-        scale_name = new_attr_name(gm, f"{name}_scale_")
-        zp_name = new_attr_name(gm, f"{name}_zero_point_")
-        gm.register_buffer(scale_name, torch.as_tensor(scale_t).detach().clone())
-        gm.register_buffer(zp_name, torch.as_tensor(zero_point_t).detach().clone())
-        with graph.inserting_before(node):
-            scale_node = graph.get_attr(scale_name)
-            zp_node = graph.get_attr(zp_name)
+        scale_node, zp_node = _qparam_buffers(gm, node, name, scale_t, zero_point_t)
         q_args = (scale_node, zp_node, axis, quant_min, quant_max, dtype)
         q_op, dq_op = _qd.quantize_per_channel.default, _qd.dequantize_per_channel.default
     else:
@@ -306,6 +294,16 @@ def _replace_observer(
     dequant.meta["val"] = val
     node.replace_all_uses_with(dequant)
     graph.erase_node(node)
+
+
+def _qparam_buffers(gm: GraphModule, node: Node, name: str, scale: Any, zero_point: Any) -> tuple[Node, Node]:
+    """Per-channel / per-group qparams as buffers of ``gm``, read by get_attr nodes before ``node``."""
+    scale_name = new_attr_name(gm, f"{name}_scale_")
+    zp_name = new_attr_name(gm, f"{name}_zero_point_")
+    gm.register_buffer(scale_name, torch.as_tensor(scale).detach().clone())
+    gm.register_buffer(zp_name, torch.as_tensor(zero_point).detach().clone())
+    with gm.graph.inserting_before(node):
+        return gm.graph.get_attr(scale_name), gm.graph.get_attr(zp_name)
 
 
 def _insert_per_token(

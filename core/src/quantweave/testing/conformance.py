@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.fx import GraphModule, Node
 
-from .._modules.graph import copy_graph_module
+from .._modules.graph import copy_graph_module, get_attr_value
 from .._modules.patterns import Chain, chain_of, matches, node_op
 from .._modules.sharing import collect_specs, group_specs
 from ..annotation import (
@@ -541,8 +541,8 @@ def _check_grouped_weight(converted: GraphModule, anchor_name: str, declared: Te
         problems.append(f"{where}: declared dtype {declared.dtype}; dequantize_per_channel_group has {dtype}")
     if not isinstance(stored, Node) or stored.op != "get_attr" or not isinstance(scales, Node):
         return [*problems, f"{where}: the integer values are not a folded constant"]
-    values = _attr_value(converted, str(stored.target))
-    scale_values = _attr_value(converted, str(scales.target))
+    values = torch.as_tensor(get_attr_value(converted, str(stored.target)))
+    scale_values = torch.as_tensor(get_attr_value(converted, str(scales.target)))
     if str(values.dtype).removeprefix("torch.") != declared.dtype:
         problems.append(f"{where}: stored as {values.dtype}, declared {declared.dtype}")
     elif values.numel() and not (declared.quant_min <= int(values.min()) and int(values.max()) <= declared.quant_max):
@@ -584,13 +584,6 @@ def _check_per_token_activation(converted: GraphModule, anchor_name: str) -> lis
             f"{where}: its scale is not chosen per token (choose_qparams_per_token_asymmetric) from the same tensor"
         ]
     return []
-
-
-def _attr_value(gm: GraphModule, target: str) -> torch.Tensor:
-    value: Any = gm
-    for part in target.split("."):
-        value = getattr(value, part)
-    return torch.as_tensor(value)
 
 
 def _build(info: QuantizerInfo, mode: Mode) -> Any:

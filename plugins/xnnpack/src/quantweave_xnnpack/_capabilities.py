@@ -6,54 +6,6 @@ from quantweave.plugin_api import FLOAT, Capability, Mode, Quant, TensorQuant
 
 __all__ = ["DYNAMIC_PATTERNS", "QAT_ONLY_PATTERNS", "STATIC_PATTERNS", "declared_capabilities"]
 
-#: Patterns a static (post-training) config annotates. relu / hardtanh / relu6 after a conv
-#: share the conv's output qparams (conv2d_hardtanh, conv2d_relu6); the shape and reduction
-#: ops, and relu / hardtanh / relu6 anywhere else, share their quantized input's qparams.
-STATIC_PATTERNS = (
-    "conv1d",
-    "conv1d_relu",
-    "conv2d",
-    "conv2d_relu",
-    "conv2d_hardtanh",
-    "conv2d_relu6",
-    "conv_transpose2d",
-    "conv_transpose2d_relu",
-    "linear",
-    "linear_relu",
-    "add",
-    "add_relu",
-    "mul",
-    "mul_relu",
-    "cat",
-    "adaptive_avg_pool2d",
-    "max_pool2d",
-    "mean",
-    "permute",
-    "transpose",
-    "view",
-    "reshape",
-    "squeeze",
-    "slice",
-    "flatten",
-    "dropout",
-    "relu",
-    "hardtanh",
-    "relu6",
-)
-#: Patterns a dynamic config annotates (conv only with a 4-D, non-depthwise weight).
-DYNAMIC_PATTERNS = ("conv2d", "conv_transpose2d", "linear")
-#: conv / conv_transpose + batch norm (+ relu): annotated first by a QAT config (an activation
-#: after the batch norm shares its qparams); prepare_qat_pt2e simulates the fold and
-#: convert_pt2e folds the batch norm (a transposed conv with one group).
-QAT_ONLY_PATTERNS = (
-    "conv2d_bn",
-    "conv2d_bn_relu",
-    "conv2d_bn_hardtanh",
-    "conv2d_bn_relu6",
-    "conv_transpose2d_bn",
-    "conv_transpose2d_bn_relu",
-)
-_WEIGHTED = ("conv", "linear")
 #: ops that take their input's qparams: cat and adaptive_avg_pool2d as patterns of their own,
 #: the rest only where a producer's output is quantized (by any quantizer: a cat, a mean, a
 #: pooling... of its own, or another quantizer's op with output qparams)
@@ -73,6 +25,41 @@ _PROPAGATED = (
     "hardtanh",
     "relu6",
 )
+#: Patterns a static (post-training) config annotates. relu / hardtanh / relu6 after a conv
+#: share the conv's output qparams (conv2d_hardtanh, conv2d_relu6); the shape and reduction
+#: ops, and relu / hardtanh / relu6 anywhere else, share their quantized input's qparams.
+STATIC_PATTERNS = (
+    "conv1d",
+    "conv1d_relu",
+    "conv2d",
+    "conv2d_relu",
+    "conv2d_hardtanh",
+    "conv2d_relu6",
+    "conv_transpose2d",
+    "conv_transpose2d_relu",
+    "linear",
+    "linear_relu",
+    "add",
+    "add_relu",
+    "mul",
+    "mul_relu",
+    *_SHARES_INPUT,
+    *_PROPAGATED,
+)
+#: Patterns a dynamic config annotates (conv only with a 4-D, non-depthwise weight).
+DYNAMIC_PATTERNS = ("conv2d", "conv_transpose2d", "linear")
+#: conv / conv_transpose + batch norm (+ relu): annotated first by a QAT config (an activation
+#: after the batch norm shares its qparams); prepare_qat_pt2e simulates the fold and
+#: convert_pt2e folds the batch norm (a transposed conv with one group).
+QAT_ONLY_PATTERNS = (
+    "conv2d_bn",
+    "conv2d_bn_relu",
+    "conv2d_bn_hardtanh",
+    "conv2d_bn_relu6",
+    "conv_transpose2d_bn",
+    "conv_transpose2d_bn_relu",
+)
+_WEIGHTED = ("conv", "linear")
 #: hardtanh / relu6 after a conv (or its batch norm) share the conv's quantized output: two
 #: quantized steps, not one fused unit
 _SPLIT = ("conv2d_hardtanh", "conv2d_relu6", "conv2d_bn_hardtanh", "conv2d_bn_relu6")
