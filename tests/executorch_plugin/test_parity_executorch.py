@@ -22,6 +22,7 @@ import quantweave_executorch as qe
 from quantweave.testing.inspect import qdq_summary
 from quantweave.testing.models import lm_prompts, tiny_decoder_lm
 from quantweave_executorch import ExecuTorchQuantizer
+from tests.helpers import spec_key
 
 pytestmark = pytest.mark.executorch
 pytest.importorskip("executorch.exir", reason="needs ExecuTorch 1.5.1 (tox -e xnnpack)")
@@ -38,17 +39,6 @@ def peer_quantizer():
 
     options = lib.get_pt2e_quantization_params("embedding,xnnpack_dynamic", None)
     return ao_quantizer.ComposableQuantizer(lib.get_pt2e_quantizers(options))
-
-
-def spec_key(spec):
-    if spec is None:
-        return None
-    if type(spec).__name__ == "SharedQuantizationSpec":
-        target = spec.edge_or_node
-        return ("shared", tuple(n.name for n in target) if isinstance(target, tuple) else target.name)
-    ctr = spec.observer_or_fake_quant_ctr
-    observer = getattr(getattr(ctr, "p", None), "func", ctr).__name__
-    return (spec.dtype, spec.quant_min, spec.quant_max, spec.qscheme, spec.ch_axis, spec.is_dynamic, observer)
 
 
 def annotations(gm):

@@ -36,6 +36,7 @@ from torch import nn
 import quantweave_xnnpack as qx
 from quantweave.testing import models
 from quantweave.testing.inspect import qdq_summary
+from tests.helpers import spec_key
 
 from ._cases import CONFIGS, MODELS, example_inputs, run_flow
 
@@ -68,17 +69,6 @@ def peer_flow(model, config, quantizer):
         convert=ao.convert_pt2e,
         to_eval=move_exported_model_to_eval,
     )
-
-
-def spec_key(spec):
-    if spec is None:
-        return None
-    if type(spec).__name__ == "SharedQuantizationSpec":
-        target = spec.edge_or_node
-        return ("shared", tuple(n.name for n in target) if isinstance(target, tuple) else target.name)
-    ctr = spec.observer_or_fake_quant_ctr
-    observer = getattr(getattr(ctr, "p", None), "func", ctr).__name__
-    return (spec.dtype, spec.quant_min, spec.quant_max, spec.qscheme, spec.ch_axis, spec.is_dynamic, observer)
 
 
 def annotations(gm):
