@@ -37,6 +37,7 @@ __all__ = [
     "PatternSpec",
     "TensorQuant",
     "core_patterns",
+    "derive_capabilities",
     "tensor_quant_from_spec",
     "vocabulary_op",
 ]
@@ -448,7 +449,10 @@ class Capability:
     - ``input_from``: ``"own"`` when the pattern is quantized only where its input comes
       from one of this quantizer's own patterns, ``"any"`` where any quantizer quantized
       its producer, None when it does not depend on its producer;
-    - ``plugin`` / ``quantizer``: provenance, filled in by the registry.
+    - ``plugin`` / ``quantizer``: provenance, filled in by the registry;
+    - ``source``: ``"declared"`` (stated by the quantizer or its plugin) or ``"derived"``
+      (read off what a quantizer declaring none annotated on the conformance probes; see
+      :func:`derive_capabilities`).
 
     ``output``, ``bias`` and ``fused`` left None are unstated (plugin API 1 declarations
     could not state them); the conformance kit checks every field that is stated.
@@ -466,8 +470,11 @@ class Capability:
     bias: Quant | None = None
     fused: bool | None = None
     input_from: str | None = None
+    source: str = field(default="declared", compare=False)
 
     def __post_init__(self) -> None:
+        if self.source not in ("declared", "derived"):
+            raise ValueError(f"Capability: source is 'declared' or 'derived'; got {self.source!r}")
         if not isinstance(self.pattern, str) or not _PATTERN_NAME.match(self.pattern):
             raise ValueError(f"Capability: pattern must be a pattern name like 'conv2d_relu'; got {self.pattern!r}")
         try:
@@ -539,6 +546,7 @@ class Capability:
             "plugin": self.plugin,
             "quantizer": self.quantizer,
             "notes": self.notes,
+            "source": self.source,
         }
 
     @classmethod
@@ -562,7 +570,17 @@ class Capability:
             bias=quant(data.get("bias")),
             fused=data.get("fused"),
             input_from=data.get("input_from"),
+            source=data.get("source", "declared"),
         )
+
+
+def derive_capabilities(quantizer: object) -> tuple[Capability, ...]:
+    """Capabilities of a quantizer that declares none (any object with the PT2E hooks),
+    read off what it annotates on the conformance probes; cached per configuration; each
+    record has ``source="derived"`` (see :mod:`quantweave._modules.derive`)."""
+    from ._modules.derive import derive_capabilities as derive
+
+    return derive(quantizer)
 
 
 def sort_capabilities(caps: Iterable[Capability]) -> list[Capability]:

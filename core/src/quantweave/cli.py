@@ -5,7 +5,9 @@ quantizers and, for failures, the reason.
 
 ``quantweave capabilities [--plugin NAME] [--mode MODE] [--json] [--details]``: a pattern x
 quantizer table of declared capabilities (cells list the modes), one row per capability
-with everything it states (``--details``), or the records as JSON.
+with everything it states (``--details``), or the records as JSON. A quantizer that
+declares none is shown with the capabilities probing derives, marked ``*`` (``source``
+``"derived"`` in JSON).
 
 ``quantweave --version``: the versions of quantweave (and its plugin API), torch, and each
 plugin's distribution.
@@ -62,6 +64,9 @@ def render_plugins(manager: PluginManager, as_json: bool) -> str:
     return render_table(["plugin", "status", "api", "distribution", "version", "quantizers", "error"], rows)
 
 
+_DERIVED_MARK = {"declared": "", "derived": "*"}
+
+
 def render_capabilities(
     manager: PluginManager, plugin: str | None, mode: str | None, as_json: bool, details: bool = False
 ) -> str:
@@ -72,7 +77,7 @@ def render_capabilities(
         rows = []
         for c in caps:
             d = c.describe()
-            who = f"{c.plugin}:{c.quantizer}"
+            who = f"{c.plugin}:{c.quantizer}" + (" (derived)" if c.source == "derived" else "")
             row = [c.pattern, c.mode.value, who, d["activation"], d["weight"], d["bias"], d["output"]]
             rows.append([*row, d["fused"], d["when"]])
         legend = (
@@ -80,6 +85,8 @@ def render_capabilities(
             "output: own (its own qparams), shared with input N, fixed scale/zero_point, or float; "
             "'?': not stated by the plugin"
         )
+        if any(c.source == "derived" for c in caps):
+            legend += "; (derived): read off what a quantizer declaring none annotates on the conformance probes"
         return render_table(header, rows) + "\n" + legend
     if as_json:
         return json.dumps([{**c.to_dict(), "pattern_origin": vocabulary[c.pattern].origin} for c in caps], indent=2)
@@ -96,13 +103,16 @@ def render_capabilities(
     patterns = sorted({c.pattern for c in caps})
     cells: dict[tuple[str, tuple[str, str]], list[str]] = {}
     for c in caps:
-        cells.setdefault((c.pattern, (c.plugin, c.quantizer)), []).append(c.mode.value)
+        cells.setdefault((c.pattern, (c.plugin, c.quantizer)), []).append(c.mode.value + _DERIVED_MARK[c.source])
     order = [m.value for m in Mode]
     rows = [
         [
             pattern,
             vocabulary[pattern].origin,
-            *(",".join(sorted(cells.get((pattern, q), []), key=order.index)) or "-" for q in quantizers),
+            *(
+                ",".join(sorted(cells.get((pattern, q), []), key=lambda m: order.index(m.rstrip("*")))) or "-"
+                for q in quantizers
+            ),
         ]
         for pattern in patterns
     ]
@@ -117,6 +127,8 @@ def render_capabilities(
         "cells: the modes the quantizer declares for the pattern (static, dynamic, qat, weight_only); '-': none",
         "origin: 'core' (the vocabulary) or the plugin that contributed the pattern; one row per capability: --details",
     ]
+    if any(c.source == "derived" for c in caps):
+        notes.append("*: derived by probing (the quantizer declares no capabilities; read off what it annotates)")
     return "\n".join([render_table(["pattern", "origin", *columns.values()], rows), "", *notes])
 
 

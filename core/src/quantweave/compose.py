@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
+from ._modules.derive import capabilities_of
 from ._modules.patterns import Chain, chain_of, embeddings
 from .annotation import ANNOTATED_BY_KEY, ANNOTATION_KEY, EdgeOrNode, QuantizationAnnotation
 from .capabilities import PATTERNS, PROBE_PRODUCERS, Capability, Mode, sort_capabilities
@@ -161,10 +162,13 @@ class ComposableQuantizer(Quantizer):
 
     def capability_table(self) -> list[CapabilityRow]:
         """One row per declared (pattern, mode), computed from the patterns the members
-        declare and how they overlap (see :class:`CapabilityRow`)."""
+        declare and how they overlap (see :class:`CapabilityRow`). A member that declares
+        none (its class does not define ``quantization_capabilities``, e.g. a vendor's
+        torchao quantizer) takes part with the capabilities probing derives
+        (:func:`quantweave.capabilities.derive_capabilities`)."""
         declared: list[tuple[str, Capability]] = []  # (member label, capability), in member order
         for member, label in zip(self.quantizers, self.labels, strict=True):
-            for cap in member.quantization_capabilities():
+            for cap in capabilities_of(member):  # a member declaring none: derived by probing
                 if not isinstance(cap, Capability):
                     raise TypeError(
                         f"quantizer {label!r}: quantization_capabilities() must return Capability records; "

@@ -29,6 +29,7 @@ from typing import Any
 
 import pluggy
 
+from ._modules.derive import derived_for_info
 from .capabilities import PATTERNS, Capability, Mode, PatternSpec, core_patterns, sort_capabilities
 from .errors import PluginError, PluginWarning, UnknownQuantizerError
 from .hookspecs import QuantweaveHookSpecs
@@ -449,16 +450,19 @@ class PluginManager:
         return quantizer
 
     def quantization_capabilities(
-        self, *, plugin: str | None = None, mode: Mode | str | None = None
+        self, *, plugin: str | None = None, mode: Mode | str | None = None, derive: bool = True
     ) -> list[Capability]:
-        """Declared capabilities of every loaded quantizer, with provenance filled in."""
+        """Declared capabilities of every loaded quantizer, with provenance filled in; for a
+        quantizer that declares none, with ``derive`` the capabilities probing derives
+        (``source="derived"``; its factory is built with no options and with each
+        ``mode_options`` entry)."""
         wanted_mode = None if mode is None else Mode(mode)
         caps = []
         for qualified, info in self.quantizer_infos().items():
             owner = qualified.split(":", 1)[0]
             if plugin is not None and owner != plugin:
                 continue
-            for cap in info.capabilities:
+            for cap in info.capabilities or (derived_for_info(info) if derive else ()):
                 if wanted_mode is None or cap.mode is wanted_mode:
                     caps.append(cap.with_provenance(owner, info.name))
         return sort_capabilities(caps)

@@ -1,0 +1,432 @@
+"""Capabilities derived by probing, for quantizers that declare none.
+
+A quantizer *declares* its capabilities when its class defines ``quantization_capabilities``
+(quantweave's base class returns none and does not count). For one that does not -- a
+vendor's quantizer written against torchao's ``Quantizer``, or a quantweave quantizer that
+never overrides the hook -- :func:`derive_capabilities` runs the conformance kit's probes
+(one small model per vocabulary pattern, :data:`quantweave.testing.conformance.PROBES`)
+through its ``transform_for_annotation`` and ``annotate``, translates what it wrote
+(torchao's annotation classes are read by their fields, as prepare does) and reads one
+:class:`~quantweave.capabilities.Capability` off every probe whose whole pattern it
+annotated: activation, weight and bias quantization, what happens to the output, whether
+the ops are fused, and the mode (``dynamic`` from ``is_dynamic``, ``qat`` when the specs
+build fake-quantize modules, ``weight_only`` when only the weight is quantized). Every
+record has ``source="derived"``.
+
+What a derived record can and cannot say:
+
+* patterns probed behind a quantized conv (pooling, shape ops, cat, lone activations; see
+  :data:`~quantweave.capabilities.PROBE_PRODUCERS`) are derived with ``input_from="any"``:
+  the probe shows they are quantized after a quantized producer, not whether they would be
+  without one;
+* a quantizer configured for QAT is probed on models exported in training mode (the
+  conv + batch-norm patterns appear only there); one configured otherwise on eval-mode
+  exports;
+* a pattern whose annotation the vocabulary cannot describe (a dtype it has no name for,
+  such as 4-bit) is left out, and listed in :func:`probe_stats`;
+* a pattern of several ops is derived only when they are fused (no quantize / dequantize
+  between them): ops quantized one by one are what the single-op patterns say.
+
+Cost: each probe is exported once per process (:func:`exported_probe`) and shared by every
+quantizer probed; per quantizer, only copying, annotating and reading remain. Results are
+cached per *configuration* (:func:`config_key`): two quantizers of the same class whose
+attributes hold equal values (compared by a stable rendering: numbers, strings, dtypes,
+enums, classes and functions by qualified name, ``functools.partial``, containers,
+dataclasses and plain objects, recursively) share one derivation; when a value has no stable
+rendering (an object that shows only its address), the cache falls back to the quantizer
+object's identity.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import threading
+import time
+import types
+import warnings
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.fx import GraphModule, Node
+
+from ..annotation import ANNOTATION_KEY, FixedQParamsQuantizationSpec, QuantizationAnnotation
+from ..capabilities import FLOAT, PROBE_PRODUCERS, Capability, Mode, Quant, TensorQuant, tensor_quant_from_spec
+from ..quantizer import Quantizer
+from .graph import copy_graph_module
+from .patterns import chain_of, matches, node_op
+from .sharing import collect_specs, group_specs
+
+__all__ = [
+    "ProbeStats",
+    "capabilities_of",
+    "config_key",
+    "declares_capabilities",
+    "derive_capabilities",
+    "exported_probe",
+    "probe_stats",
+]
+
+DERIVED = "derived"
+
+
+def declares_capabilities(quantizer: object) -> bool:
+    """True when ``quantizer``'s class defines ``quantization_capabilities`` itself (not
+    quantweave's base default, which declares none)."""
+    method = getattr(type(quantizer), "quantization_capabilities", None)
+    return callable(method) and method is not Quantizer.quantization_capabilities
+
+
+def capabilities_of(quantizer: object) -> list[Any]:
+    """What ``quantizer`` declares, or, when it declares nothing, what probing derives."""
+    if declares_capabilities(quantizer):
+        return list(quantizer.quantization_capabilities())  # type: ignore[attr-defined]
+    return list(derive_capabilities(quantizer))
+
+
+# -- configuration keys -------------------------------------------------------------------------
+
+
+class _Unstable(Exception):
+    """A value with no rendering that is stable across equal configurations."""
+
+
+_LEAVES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.memory_format)
+
+
+def _render(value: Any, depth: int, active: set[int]) -> str:
+    if isinstance(value, _LEAVES):
+        return repr(value)
+    if isinstance(value, torch.qscheme):
+        return str(value)
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__module__}.{type(value).__qualname__}.{value.name}"
+    if isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType, types.MethodDescriptorType)):
+        return f"<{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', repr(value))}>"
+    if isinstance(value, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+        return f"<op {value}>"
+    if depth <= 0 or id(value) in active:
+        raise _Unstable(type(value).__name__)
+    active = active | {id(value)}
+    if isinstance(value, functools.partial):
+        args = [_render(a, depth - 1, active) for a in value.args]
+        kwargs = [f"{k}={_render(v, depth - 1, active)}" for k, v in sorted(value.keywords.items())]
+        return f"partial({_render(value.func, depth - 1, active)}, {', '.join(args + kwargs)})"
+    if isinstance(value, types.MethodType):
+        return f"method({_render(value.__self__, depth - 1, active)}.{value.__name__})"
+    if isinstance(value, (list, tuple)):
+        items = ", ".join(_render(v, depth - 1, active) for v in value)
+        return f"{type(value).__name__}[{items}]"
+    if isinstance(value, (set, frozenset)):
+        return f"set[{', '.join(sorted(_render(v, depth - 1, active) for v in value))}]"
+    if isinstance(value, Mapping):
+        items = sorted(f"{_render(k, depth - 1, active)}: {_render(v, depth - 1, active)}" for k, v in value.items())
+        return f"{{{', '.join(items)}}}"
+    if isinstance(value, torch.Tensor):
+        raise _Unstable("tensor")
+    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+    if dataclasses.is_dataclass(value):
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        return f"{kind}({_render(fields, depth - 1, active)})"
+    attrs = getattr(value, "__dict__", None)
+    if isinstance(attrs, dict):
+        return f"{kind}({_render(attrs, depth - 1, active)})"
+    text = repr(value)
+    if " at 0x" in text or " object at " in text:
+        raise _Unstable(kind)
+    return f"{kind}:{text}"
+
+
+def config_key(quantizer: object) -> str | None:
+    """A string equal for quantizers of one class configured alike (their attributes, rendered
+    recursively); None when some attribute has no stable rendering (then only the object
+    itself identifies its configuration)."""
+    try:
+        return _render(quantizer, 12, set())
+    except _Unstable:
+        return None
+    except RecursionError:
+        return None
+
+
+# -- probes, exported once per process ----------------------------------------------------------
+
+_LOCK = threading.RLock()
+_EXPORTS: dict[tuple[str, bool], tuple[GraphModule, tuple[Any, ...]]] = {}
+
+
+def exported_probe(pattern: str, train: bool = False) -> tuple[GraphModule, tuple[Any, ...]]:
+    """The conformance probe of ``pattern`` exported (``torch.export`` then ``.module()``
+    without the guard call), in training mode or not, and its inputs: made once per process;
+    callers copy the graph before annotating it."""
+    key = (pattern, train)
+    with _LOCK:
+        if key not in _EXPORTS:
+            from ..testing.conformance import PROBES
+
+            torch.manual_seed(0)
+            model, inputs = PROBES[pattern]()
+            model.train(train)
+            program = torch.export.export(model, inputs)
+            try:
+                module = program.module(check_guards=False)
+            except TypeError:  # a torch without the keyword
+                module = program.module()
+            _EXPORTS[key] = (module, inputs)
+        return _EXPORTS[key]
+
+
+# -- statistics ---------------------------------------------------------------------------------
+
+
+@dataclass
+class ProbeStats:
+    """One derivation: its wall time (seconds, exporting probes excluded), the probes tried,
+    and the patterns left out with why (a probe that raised, or an annotation the vocabulary
+    cannot describe)."""
+
+    seconds: float = 0.0
+    export_seconds: float = 0.0
+    probes: int = 0
+    derived: int = 0
+    left_out: dict[str, str] = field(default_factory=dict)
+
+
+_BY_KEY: dict[str, tuple[tuple[Capability, ...], ProbeStats]] = {}
+_BY_OBJECT: weakref.WeakKeyDictionary[Any, tuple[tuple[Capability, ...], ProbeStats]] = weakref.WeakKeyDictionary()
+_BY_ID: dict[int, tuple[Any, tuple[tuple[Capability, ...], ProbeStats]]] = {}
+
+
+def _cached(quantizer: object, key: str | None) -> tuple[tuple[Capability, ...], ProbeStats] | None:
+    if key is not None:
+        return _BY_KEY.get(key)
+    try:
+        return _BY_OBJECT.get(quantizer)
+    except TypeError:  # neither hashable nor weak-referenceable: keep it alive with its result
+        entry = _BY_ID.get(id(quantizer))
+        return entry[1] if entry is not None and entry[0] is quantizer else None
+
+
+def _store(quantizer: object, key: str | None, result: tuple[tuple[Capability, ...], ProbeStats]) -> None:
+    if key is not None:
+        _BY_KEY[key] = result
+        return
+    try:
+        _BY_OBJECT[quantizer] = result
+    except TypeError:
+        _BY_ID[id(quantizer)] = (quantizer, result)
+
+
+def probe_stats(quantizer: object) -> ProbeStats | None:
+    """The statistics of ``quantizer``'s derivation (None if it was never derived)."""
+    entry = _cached(quantizer, config_key(quantizer))
+    return None if entry is None else entry[1]
+
+
+def clear_cache() -> None:
+    """Forget every derivation (the exported probes are kept)."""
+    with _LOCK:
+        _BY_KEY.clear()
+        _BY_OBJECT.clear()
+        _BY_ID.clear()
+
+
+# -- derivation ---------------------------------------------------------------------------------
+
+
+def derive_capabilities(quantizer: object) -> tuple[Capability, ...]:
+    """The capabilities probing ``quantizer`` shows (see the module docstring), cached per
+    configuration. A probe the quantizer raises on is left out (see :func:`probe_stats`)."""
+    key = config_key(quantizer)
+    with _LOCK:
+        cached = _cached(quantizer, key)
+        if cached is not None:
+            return cached[0]
+        stats = ProbeStats()
+        start = time.perf_counter()
+        caps = _derive(quantizer, False, stats)
+        if any(c.mode is Mode.QAT for c in caps):  # a QAT configuration: probe the training-mode exports
+            stats = ProbeStats()
+            start = time.perf_counter()
+            caps = _derive(quantizer, True, stats)
+        stats.seconds = time.perf_counter() - start - stats.export_seconds
+        stats.derived = len(caps)
+        result = (tuple(caps), stats)
+        _store(quantizer, key, result)
+        return result[0]
+
+
+def _derive(quantizer: object, train: bool, stats: ProbeStats) -> list[Capability]:
+    from ..capabilities import core_patterns
+
+    caps: list[Capability] = []
+    for name, spec in core_patterns().items():
+        if spec.probe is None:
+            continue
+        if not train and any("batch_norm" in op for op in spec.ops):
+            continue  # conv + batch norm patterns are QAT patterns: probed in training mode only
+        stats.probes += 1
+        fresh = (name, train) not in _EXPORTS
+        before = time.perf_counter()
+        exported, _ = exported_probe(name, train)
+        if fresh:
+            stats.export_seconds += time.perf_counter() - before
+        try:
+            gm = _annotate(quantizer, exported)
+        except Exception as exc:
+            stats.left_out[name] = f"annotating the probe raised {type(exc).__name__}: {exc}"
+            continue
+        try:
+            cap = _read(gm, name, spec.ops)
+        except ValueError as exc:  # an annotation a Capability cannot state
+            stats.left_out[name] = str(exc)
+            continue
+        if cap is not None:
+            caps.append(cap)
+    return caps
+
+
+def _annotate(quantizer: Any, exported: GraphModule) -> GraphModule:
+    gm, _ = copy_graph_module(exported)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gm = quantizer.transform_for_annotation(gm)
+        quantizer.annotate(gm)
+    _translate(gm, quantizer)
+    return gm
+
+
+def _translate(gm: GraphModule, quantizer: object) -> None:
+    """Annotations of torchao's classes -> quantweave's, as prepare does."""
+    try:
+        from . import foreign  # type: ignore[attr-defined]
+    except ImportError:  # TEMP until i21-core lands
+        return
+    label = getattr(quantizer, "name", None) or type(quantizer).__name__
+    foreign.translate_annotations(gm.graph, lambda node: str(label))
+
+
+def _has_specs(node: Node) -> bool:
+    annotation = node.meta.get(ANNOTATION_KEY)
+    return isinstance(annotation, QuantizationAnnotation) and (
+        annotation.output_qspec is not None or any(s is not None for s in annotation.input_qspec_map.values())
+    )
+
+
+def _is_fake_quantize(spec: Any) -> bool:
+    ctr = getattr(spec, "observer_or_fake_quant_ctr", None)
+    if not callable(ctr):
+        return False
+    try:
+        module = ctr()
+    except Exception:
+        return False
+    return hasattr(module, "fake_quant_enabled") or isinstance(
+        getattr(module, "activation_post_process", None), torch.nn.Module
+    )
+
+
+def _read(gm: GraphModule, pattern: str, ops: tuple[str, ...]) -> Capability | None:
+    """The capability the annotations on the probe of ``pattern`` show (None: not supported)."""
+    from ..testing.conformance import _activation_inputs, _output_found, _weight_input
+
+    occurrences = matches(gm.graph, chain_of(ops))
+    if not occurrences:
+        return None
+    nodes = occurrences[0]
+    anchor, last = nodes[0], nodes[-1]
+    if not _has_specs(anchor) or not all(n.meta.get(ANNOTATION_KEY) is not None for n in nodes):
+        return None
+    specs = collect_specs(gm.graph)
+    roots, concrete = group_specs(specs)
+
+    def resolved(key: Any) -> Any:
+        return concrete[roots[key]] if key in specs else None
+
+    inputs = _activation_inputs(anchor)
+    act_spec = next((resolved((p, anchor)) for p in inputs if resolved((p, anchor)) is not None), None)
+    weight = _weight_input(anchor)
+    weight_spec = resolved((weight, anchor)) if weight is not None else None
+    if act_spec is None and weight_spec is None:
+        return None
+    activation = _describe(act_spec, "activation", anchor)
+    weight_q = _describe(weight_spec, "weight", anchor)
+    if act_spec is None:
+        mode = Mode.WEIGHT_ONLY
+    elif getattr(act_spec, "is_dynamic", False):
+        mode = Mode.DYNAMIC
+    elif _is_fake_quantize(act_spec):
+        mode = Mode.QAT
+    else:
+        mode = Mode.STATIC
+    bias: Quant | None = None
+    bias_node = anchor.args[2] if len(anchor.args) > 2 and isinstance(anchor.args[2], Node) else None
+    if bias_node is not None and weight is not None:
+        bias_spec = resolved((bias_node, anchor))
+        bias_tq = tensor_quant_from_spec(bias_spec)
+        bias = FLOAT if bias_spec is None else Quant.quantized(bias_tq) if bias_tq is not None else None
+    output: Quant | None = _output_found(last, anchor, inputs, specs, roots, resolved)
+    if isinstance(resolved(last), FixedQParamsQuantizationSpec) and output is not None and output.kind != "fixed":
+        output = None
+    if mode in (Mode.DYNAMIC, Mode.WEIGHT_ONLY) and output is not None and output.kind not in ("float", "shared"):
+        output = None
+    fused = None
+    if len(nodes) > 1:
+        fused = not any(a in specs or (a, b) in specs for a, b in zip(nodes, nodes[1:], strict=False))
+        if not fused:  # each op quantized on its own: that is the single-op patterns, not this one
+            return None
+    return Capability(
+        pattern,
+        mode,
+        activation if mode is not Mode.WEIGHT_ONLY else None,
+        weight_q,
+        notes=f"derived by probing ({', '.join(node_op(n) for n in nodes)})",
+        output=output,
+        bias=bias,
+        fused=fused,
+        input_from="any" if pattern in PROBE_PRODUCERS else None,
+        source=DERIVED,
+    )
+
+
+def _describe(spec: Any, what: str, anchor: Node) -> TensorQuant | None:
+    if spec is None:
+        return None
+    tq = tensor_quant_from_spec(spec)
+    if tq is None:
+        raise ValueError(
+            f"the {what} of {anchor.name!r} is quantized with {getattr(spec, 'dtype', '?')}, which the capability "
+            "vocabulary has no name for"
+        )
+    return tq
+
+
+def derived_for_info(info: Any) -> tuple[Capability, ...]:
+    """Derived capabilities of a registered quantizer that declares none: its factory built
+    with no options (the static configuration) and with each ``mode_options`` entry; a build
+    or derivation that raises is warned about and contributes nothing."""
+    configurations: list[dict[str, Any]] = [{}]
+    configurations += [dict(options) for options in info.mode_options.values() if dict(options)]
+    caps: dict[tuple[str, Mode], Capability] = {}
+    for options in configurations:
+        try:
+            quantizer = info.factory(**options)
+            if declares_capabilities(quantizer):
+                found = [c for c in quantizer.quantization_capabilities() if isinstance(c, Capability)]
+            else:
+                found = list(derive_capabilities(quantizer))
+        except Exception as exc:
+            warnings.warn(
+                f"quantizer {info.name!r}: deriving capabilities with options {options!r} failed: "
+                f"{type(exc).__name__}: {exc}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            continue
+        for cap in found:
+            caps.setdefault(cap.key, cap)
+    return tuple(caps.values())
