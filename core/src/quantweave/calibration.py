@@ -36,8 +36,10 @@ from .observers import (
     DerivedObserver,
     FakeQuantizeBase,
     FixedQParamsObserver,
+    ObserverBase,
     PlaceholderObserver,
     is_calibrated,
+    is_fake_quant_module,
     is_observer_module,
 )
 
@@ -65,10 +67,15 @@ class CalibrationResult:
 
 
 def _learns_from_data(module: torch.nn.Module) -> bool:
-    if isinstance(module, FakeQuantizeBase):
+    if is_fake_quant_module(module):
         inner = getattr(module, "activation_post_process", None)
         return isinstance(inner, torch.nn.Module) and _learns_from_data(inner)
-    return not isinstance(module, (FixedQParamsObserver, PlaceholderObserver, DerivedObserver))
+    if isinstance(module, (FixedQParamsObserver, PlaceholderObserver, DerivedObserver)):
+        return False
+    # torch's observers learn unless listed above; others (torchao's) when they keep min_val
+    if isinstance(module, (ObserverBase, FakeQuantizeBase)):
+        return True
+    return isinstance(getattr(module, "min_val", None), torch.Tensor)
 
 
 def _observers(model: GraphModule) -> dict[str, torch.nn.Module]:
@@ -82,7 +89,7 @@ def _observers(model: GraphModule) -> dict[str, torch.nn.Module]:
 
 
 def _saw_data(module: torch.nn.Module) -> bool:
-    if isinstance(module, FakeQuantizeBase):
+    if is_fake_quant_module(module):
         inner = getattr(module, "activation_post_process", None)
         return isinstance(inner, torch.nn.Module) and _saw_data(inner)
     return is_calibrated(module) and _has_statistics(module)

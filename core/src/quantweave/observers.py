@@ -54,6 +54,7 @@ __all__ = [
     "PlaceholderObserver",
     "exact_histc",
     "is_observer_module",
+    "is_fake_quant_module",
     "is_calibrated",
 ]
 
@@ -532,9 +533,42 @@ class DerivedObserver(ObserverBase):
         return f"dtype={self.dtype}, qscheme={self.qscheme}, sources={len(self.sources)}"
 
 
+def is_fake_quant_module(module: object) -> bool:
+    """True for fake-quantize modules: torch's, and by protocol any module with an
+    ``activation_post_process``, ``fake_quant_enabled`` / ``observer_enabled`` flags and
+    the observer protocol (:func:`is_observer_module`), such as torchao's."""
+    if isinstance(module, FakeQuantizeBase):
+        return True
+    return (
+        isinstance(module, torch.nn.Module)
+        and isinstance(getattr(module, "activation_post_process", None), torch.nn.Module)
+        and hasattr(module, "fake_quant_enabled")
+        and hasattr(module, "observer_enabled")
+        and _observer_protocol(module)
+    )
+
+
+def _observer_protocol(module: object) -> bool:
+    return (
+        isinstance(module, torch.nn.Module)
+        and callable(getattr(module, "calculate_qparams", None))
+        and hasattr(module, "dtype")
+        and not callable(getattr(module, "convert", None))  # converts itself (torchao's affine observers)
+    )
+
+
 def is_observer_module(module: object) -> bool:
-    """True for observer and fake-quantize modules that convert turns into q/dq ops."""
-    return isinstance(module, (ObserverBase, FakeQuantizeBase))
+    """True for observer and fake-quantize modules that convert turns into q/dq ops.
+
+    torch's classes (``torch.ao.quantization``) and, by protocol, any module with a
+    ``calculate_qparams()`` method and a ``dtype`` (with the optional ``qscheme``,
+    ``quant_min`` / ``quant_max``, ``ch_axis``, ``is_dynamic`` and, for fake-quantizers,
+    ``activation_post_process``), such as torchao's observers and fake-quantizers.
+    Modules that convert themselves (a ``convert()`` method, as torchao's affine observers
+    have) are not: prepare rejects them, naming the edge and the quantizer."""
+    if isinstance(module, (ObserverBase, FakeQuantizeBase)):
+        return True
+    return _observer_protocol(module)
 
 
 def is_calibrated(module: torch.nn.Module) -> bool:
@@ -542,7 +576,7 @@ def is_calibrated(module: torch.nn.Module) -> bool:
 
     Fixed, placeholder (dynamic) and derived observers need no data of their own.
     """
-    if isinstance(module, FakeQuantizeBase):
+    if is_fake_quant_module(module):
         inner = getattr(module, "activation_post_process", None)
         return inner is None or is_calibrated(inner)
     if isinstance(module, (FixedQParamsObserver, PlaceholderObserver, DerivedObserver)):

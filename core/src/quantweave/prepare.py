@@ -19,11 +19,13 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ._modules.bn_fold import fold_batch_norm
+from ._modules.foreign import check_observers, translate_annotations
 from ._modules.graph import (
     check_graph_module,
     copy_graph_module,
     get_attr_value,
     iter_input_nodes,
+    port_meta,
     rebuild,
     remap_annotations,
     set_attr_value,
@@ -109,6 +111,7 @@ def _prepare(model: GraphModule, quantizer: Quantizer, is_qat: bool) -> GraphMod
     gm = transformed
     _hook(quantizer, "annotate", api, gm)
     _hook(quantizer, "validate", api, gm)
+    translate_annotations(gm.graph, lambda node: _label(node, quantizer))  # torchao's classes -> ours
     if is_qat:
         simulate_conv_bn(gm)
     specs = collect_specs(gm.graph)
@@ -116,6 +119,7 @@ def _prepare(model: GraphModule, quantizer: Quantizer, is_qat: bool) -> GraphMod
     observers = build_observers(specs, is_qat=is_qat)
     mark_per_token_observers(specs, observers, is_qat, lambda key: _label(key, quantizer))
     _hook(quantizer, "prepare_obs_or_fq_callback", api, gm, observers)
+    check_observers(observers, lambda key: _label(key, quantizer))
     _insert_observers(gm, observers)
     return rebuild(gm)
 
@@ -190,6 +194,7 @@ def _insert_observers(gm: GraphModule, observers: dict[EdgeOrNode, torch.nn.Modu
         with graph.inserting_after(after):
             node = graph.call_module(name, (after,))
         node.meta["val"] = after.meta.get("val")
+        port_meta(after, node, ("stack_trace", "nn_module_stack"))
         existing[(after, id(observer))] = node
         return node
 

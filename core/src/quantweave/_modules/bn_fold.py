@@ -10,6 +10,7 @@ from torch.nn.utils.fusion import fuse_conv_bn_weights, fuse_linear_bn_weights
 
 from .batch_norm import batch_norm_call
 from .graph import erase_dead, get_attr_value, new_attr_name
+from .torch_compat import fake_value
 
 aten = torch.ops.aten
 
@@ -69,6 +70,17 @@ def _fold_into_conv(
     return new_w, new_b
 
 
+def _describe_param(model: GraphModule, node: Node, value: torch.Tensor, like: list[Node]) -> None:
+    """meta["val"] of a new parameter node as torch.export records it (a FakeTensor), and the
+    stack trace / module stack of the parameter node it replaces (vendors' quantizers read them)."""
+    val = fake_value(model.graph, value)
+    if val is not None:
+        node.meta["val"] = val
+    for key in ("stack_trace", "nn_module_stack"):
+        if like and key in like[0].meta:
+            node.meta[key] = like[0].meta[key]
+
+
 def fold_batch_norm(model: GraphModule) -> int:
     """Fold every eval-mode BN that directly follows a conv or linear owning its output.
 
@@ -125,6 +137,8 @@ def fold_batch_norm(model: GraphModule) -> int:
             w_node = model.graph.get_attr(w_name)
             b_node = model.graph.get_attr(b_name)
         old_params = [a for a in producer.args[1:3] if isinstance(a, Node)]
+        _describe_param(model, w_node, new_w, old_params[:1])
+        _describe_param(model, b_node, new_b, old_params[1:])
         args = list(producer.args)
         args[1] = w_node
         if len(args) > 2:

@@ -166,8 +166,8 @@ def iter_input_nodes(arg: Any) -> Iterator[Node]:
             yield from iter_input_nodes(item)
 
 
-def port_meta(source: Node, target: Node) -> None:
-    for key in PORTED_META_KEYS:
+def port_meta(source: Node, target: Node, keys: Iterable[str] = PORTED_META_KEYS) -> None:
+    for key in keys:
         if key in source.meta:
             target.meta[key] = source.meta[key]
 

@@ -24,6 +24,10 @@ the torch API and this module, on a torch that changed it:
 6. :func:`rebin_histogram` -- ``HistogramObserver._combine_histograms`` (private): maps a
    histogram onto a wider range exactly as the observer does when a batch widens its range,
    for merging the histograms of several processes (:mod:`quantweave.distributed`).
+8. :func:`fake_value` -- a ``FakeTensor`` for ``node.meta["val"]`` of a node a transform
+   adds, made by the fake mode of the graph's other values (``FakeTensor.fake_mode`` and
+   ``FakeTensorMode.from_tensor``, private API of ``torch._subclasses``), as torch.export
+   records for its own nodes.
 7. :func:`segment_sum` -- ``torch.segment_reduce`` (documented, but marked beta): sums of
    contiguous runs in index order, for re-binning a histogram the way ``bincount`` does
    without its per-element scatter; ``bincount`` when torch no longer has it.
@@ -70,6 +74,7 @@ __all__ = [
     "PerChannelMinMaxObserver",
     "PlaceholderObserver",
     "empty_graph_like",
+    "fake_value",
     "lazy_graph_module",
     "quantized_decomposed_ops",
     "rebin_histogram",
@@ -117,6 +122,17 @@ def lazy_graph_module(root: torch.nn.Module, graph: Graph) -> GraphModule:
     except ImportError:  # pragma: no cover - a torch without it: compile eagerly
         return GraphModule(root, graph)
     return _LazyGraphModule(root, graph)
+
+
+def fake_value(graph: Graph, tensor: torch.Tensor) -> Any:
+    """A FakeTensor like ``tensor`` (same shape, strides, dtype, device), in the fake mode of
+    the first value recorded in ``graph`` (``node.meta["val"]``), for the ``meta["val"]`` of a
+    node a transform adds; None when the graph records no fake value (not from torch.export)."""
+    for node in graph.nodes:
+        mode = getattr(node.meta.get("val"), "fake_mode", None)
+        if mode is not None and callable(getattr(mode, "from_tensor", None)):
+            return mode.from_tensor(tensor, static_shapes=True)
+    return None
 
 
 # -- 4. observer constructors ----------------------------------------------------------------

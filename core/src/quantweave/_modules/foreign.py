@@ -1,0 +1,404 @@
+"""Hosting quantizers written against torchao's (or torch.ao's) PT2E API.
+
+A quantizer written for ``torchao.quantization.pt2e.quantizer`` (every vendor quantizer
+published today: ExecuTorch's XNNPACK, Arm, Qualcomm, ...) writes torchao's
+``QuantizationAnnotation`` and specs into ``node.meta["quantization_annotation"]``, and
+its specs build torchao's observers. quantweave never imports torchao: it recognises those
+objects by their fields (duck typing, the class name along the MRO plus the attributes
+PT2E defines), and :func:`translate_annotations` replaces them by quantweave's own,
+once, right after the quantizer's ``annotate`` and ``validate`` (so the quantizer itself
+reads and writes its own classes throughout, as under torchao). The observers its specs
+build stay the vendor's: convert recognises them by protocol
+(:func:`quantweave.observers.is_observer_module`), and :func:`check_observers` rejects at
+prepare, naming the edge and the quantizer, an observer convert could not turn into
+quantize/dequantize ops.
+
+Where a vendor's spec is valid under torchao but quantweave's spec constructors would
+refuse it, the translation says what torchao does with it:
+
+* a float32 ``QuantizationSpec`` (e.g. a bias kept float with a ``PlaceholderObserver``)
+  is a float tensor left float: torchao inserts an observer and convert removes it; it
+  becomes ``None`` (so does a shared spec whose group is float);
+* a per-channel spec with ``ch_axis=None`` takes the ``ch_axis`` its observer is built with
+  (the ``with_args`` keyword, else the constructor's default);
+* torch's quantized dtypes (``torch.qint8``, ``torch.quint8``, ``torch.qint32``) become the
+  integer dtypes they stand for.
+
+Input-map entries naming a node of the graph that is not an input of the annotated node
+(torchao ignores them: there is no such edge to observe):
+
+* with a ``None`` spec (nothing asked for) they are dropped, for every quantizer;
+* with a spec, in an annotation of torchao's / torch.ao's classes, they are dropped as
+  torchao drops them (the hosted quantizer was written and tested against that) unless a
+  shared or derived spec refers to that edge: then prepare raises a
+  :class:`~quantweave.errors.SharingError` naming the quantizer, the node and the edge;
+* with a spec, in a quantweave annotation, prepare raises an
+  :class:`~quantweave.errors.AnnotationError` naming the quantizer, the node and the entry
+  (a quantweave quantizer's author can fix it; it is often an annotation of another graph).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.fx import Graph, Node
+
+from ..annotation import (
+    ANNOTATION_KEY,
+    DerivedQuantizationSpec,
+    EdgeOrNode,
+    FixedQParamsQuantizationSpec,
+    QuantizationAnnotation,
+    QuantizationSpec,
+    QuantizationSpecBase,
+    SharedQuantizationSpec,
+)
+from ..errors import AnnotationError, SharingError
+from .qtypes import integer_dtype, is_integer_dtype, is_per_channel
+
+__all__ = [
+    "check_observers",
+    "convertible",
+    "is_annotation_like",
+    "translate_annotations",
+]
+
+_ANNOTATION_FIELDS = ("input_qspec_map", "output_qspec")
+#: PT2E spec class name -> the attributes that class defines (all read by the translation)
+_SPEC_FIELDS: dict[str, tuple[str, ...]] = {
+    "QuantizationSpec": ("dtype", "observer_or_fake_quant_ctr"),
+    "FixedQParamsQuantizationSpec": ("dtype", "scale", "zero_point"),
+    "SharedQuantizationSpec": ("edge_or_node",),
+    "DerivedQuantizationSpec": ("derived_from", "derive_qparams_fn", "dtype"),
+}
+_FLOAT = object()  # marks a spec translated to "left float" (None)
+
+
+def _pt2e_kind(obj: object, names: Any) -> str | None:
+    """The PT2E class ``obj`` is an instance of, by name along its MRO (``None`` if none)."""
+    for cls in type(obj).__mro__:
+        if cls.__name__ in names:
+            return cls.__name__
+    return None
+
+
+def is_annotation_like(obj: object) -> bool:
+    """True for quantweave's QuantizationAnnotation and any object with PT2E's annotation
+    fields (torchao's, torch.ao's)."""
+    if isinstance(obj, QuantizationAnnotation):
+        return True
+    return _pt2e_kind(obj, ("QuantizationAnnotation",)) is not None and all(
+        hasattr(obj, name) for name in _ANNOTATION_FIELDS
+    )
+
+
+def _origin(obj: object) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+class _Translator:
+    def __init__(self, graph: Graph, label: Callable[[Node], str]) -> None:
+        self.graph = graph
+        self.label = label
+        self.memo: dict[int, Any] = {}
+        self.keep: list[Any] = []  # keeps translated objects alive, so ids in memo stay unique
+
+    def spec(self, spec: Any, node: Node, where: str) -> Any:
+        """quantweave's spec for ``spec`` (or _FLOAT: a float spec, left float)."""
+        if spec is None or isinstance(spec, QuantizationSpecBase):
+            return spec
+        if id(spec) in self.memo:
+            return self.memo[id(spec)]
+        kind = _pt2e_kind(spec, _SPEC_FIELDS)
+        if kind is None or not all(hasattr(spec, f) for f in _SPEC_FIELDS[kind]):
+            raise AnnotationError(
+                f"{where}: expected a QuantizationSpecBase (QuantizationSpec, FixedQParamsQuantizationSpec, "
+                "SharedQuantizationSpec or DerivedQuantizationSpec: quantweave's, or with the fields of torchao's / "
+                f"torch.ao's); got {type(spec).__name__} ({_origin(spec)}, from quantizer {self.label(node)!r})"
+            )
+        try:
+            translated = getattr(self, f"_{kind}")(spec)
+        except ValueError as exc:
+            raise AnnotationError(
+                f"{where}: quantizer {self.label(node)!r} annotated it with {_origin(spec)} {spec!r}, which quantweave "
+                f"cannot take: {exc}"
+            ) from exc
+        self.memo[id(spec)] = translated
+        self.keep.append(spec)
+        return translated
+
+    @staticmethod
+    def _dtype(dtype: Any) -> Any:
+        return integer_dtype(dtype) if is_integer_dtype(integer_dtype(dtype)) else dtype
+
+    def _QuantizationSpec(self, spec: Any) -> Any:
+        dtype = self._dtype(spec.dtype)
+        if dtype == torch.float32 or dtype == torch.float:
+            return _FLOAT  # torchao observes it with a float observer that convert removes
+        if not is_integer_dtype(dtype):
+            raise ValueError(
+                f"dtype {spec.dtype} is a {dtype} cast (torchao converts it to convert_element_type ops); "
+                "quantweave converts integer dtypes only"
+            )
+        qscheme = getattr(spec, "qscheme", None)
+        ch_axis = getattr(spec, "ch_axis", None)
+        if is_per_channel(qscheme) and ch_axis is None:
+            ch_axis = _ctr_default(spec.observer_or_fake_quant_ctr, "ch_axis")
+        return QuantizationSpec(
+            dtype=dtype,
+            observer_or_fake_quant_ctr=spec.observer_or_fake_quant_ctr,
+            quant_min=getattr(spec, "quant_min", None),
+            quant_max=getattr(spec, "quant_max", None),
+            qscheme=qscheme,
+            ch_axis=ch_axis,
+            is_dynamic=bool(getattr(spec, "is_dynamic", False)),
+        )
+
+    def _FixedQParamsQuantizationSpec(self, spec: Any) -> Any:
+        return FixedQParamsQuantizationSpec(
+            dtype=self._dtype(spec.dtype),
+            scale=_number(spec.scale, float, "scale"),
+            zero_point=_number(spec.zero_point, int, "zero_point"),
+            quant_min=getattr(spec, "quant_min", None),
+            quant_max=getattr(spec, "quant_max", None),
+            qscheme=getattr(spec, "qscheme", None),
+            is_dynamic=bool(getattr(spec, "is_dynamic", False)),
+        )
+
+    def _SharedQuantizationSpec(self, spec: Any) -> Any:
+        target = spec.edge_or_node
+        if isinstance(target, list):
+            target = tuple(target)
+        return SharedQuantizationSpec(target)
+
+    def _DerivedQuantizationSpec(self, spec: Any) -> Any:
+        return DerivedQuantizationSpec(
+            derived_from=[tuple(k) if isinstance(k, list) else k for k in spec.derived_from],
+            derive_qparams_fn=spec.derive_qparams_fn,
+            dtype=self._dtype(spec.dtype),
+            quant_min=getattr(spec, "quant_min", None),
+            quant_max=getattr(spec, "quant_max", None),
+            qscheme=getattr(spec, "qscheme", None),
+            ch_axis=getattr(spec, "ch_axis", None),
+            is_dynamic=bool(getattr(spec, "is_dynamic", False)),
+        )
+
+
+def _number(value: Any, kind: type, name: str) -> Any:
+    """A Python float / int from a number or one-element tensor (torchao takes either)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number; got {value!r}")
+    if kind is int:
+        if float(value) != int(value):
+            raise ValueError(f"{name} must be an integer; got {value!r}")
+        return int(value)
+    return float(value)
+
+
+def _ctr_default(ctr: Any, name: str) -> Any:
+    """The value of keyword ``name`` an observer constructor (class or ``with_args``
+    partial) builds with: the partial's keyword, else the class's default."""
+    seen = 0
+    while seen < 8:  # a with_args partial wraps functools.partial objects: unwrap a few levels
+        partial = getattr(ctr, "p", None)
+        if partial is not None:
+            ctr = partial
+        keywords = getattr(ctr, "keywords", None)
+        if isinstance(keywords, dict) and name in keywords:
+            return keywords[name]
+        inner = getattr(ctr, "func", None)
+        if inner is None:
+            break
+        ctr = inner
+        seen += 1
+    try:
+        parameter = inspect.signature(ctr).parameters.get(name)
+    except (TypeError, ValueError):
+        parameter = None
+    if parameter is None or parameter.default is inspect.Parameter.empty:
+        raise ValueError(f"qscheme is per-channel and ch_axis is None; its observer {ctr!r} has no {name} default")
+    return parameter.default
+
+
+def translate_annotations(graph: Graph, label: Callable[[Node], str]) -> int:
+    """Replace every torchao / torch.ao annotation and spec on ``graph`` by quantweave's,
+    and drop lenient input-map entries (see the module docstring). ``label(node)`` names
+    the quantizer that annotated ``node``. Returns how many annotations were replaced."""
+    translator = _Translator(graph, label)
+    replaced = 0
+    hosted: set[Node] = set()
+    for node in graph.nodes:
+        annotation = node.meta.get(ANNOTATION_KEY)
+        if annotation is None:
+            continue
+        native = isinstance(annotation, QuantizationAnnotation)
+        if not native and not is_annotation_like(annotation):
+            raise AnnotationError(
+                f"node {node.name!r}: meta[{ANNOTATION_KEY!r}] must be a QuantizationAnnotation; got "
+                f"{type(annotation).__name__} ({_origin(annotation)}, from quantizer {label(node)!r}); quantweave's "
+                "or one with the fields of torchao's / torch.ao's (input_qspec_map, output_qspec, "
+                "allow_implicit_sharing, _annotated)"
+            )
+        input_map: dict[Any, Any] = {}
+        changed = not native
+        raw_map = getattr(annotation, "input_qspec_map", None) or {}
+        for producer, spec in dict(raw_map).items():
+            where = f"edge {getattr(producer, 'name', producer)!r} -> {node.name!r}"
+            new = translator.spec(spec, node, where)
+            changed = changed or new is not spec
+            input_map[producer] = new
+        output = translator.spec(annotation.output_qspec, node, f"output of {node.name!r}")
+        changed = changed or output is not annotation.output_qspec
+        if not changed:
+            continue
+        fields = {
+            "input_qspec_map": input_map,
+            "output_qspec": output,
+            "allow_implicit_sharing": bool(getattr(annotation, "allow_implicit_sharing", True)),
+            "_annotated": bool(getattr(annotation, "_annotated", False)),
+        }
+        if native:
+            node.meta[ANNOTATION_KEY] = dataclasses.replace(annotation, **fields)
+        else:
+            node.meta[ANNOTATION_KEY] = QuantizationAnnotation(**fields)
+            hosted.add(node)
+            replaced += 1
+    _resolve_float(graph)
+    _drop_non_inputs(graph, label, hosted)
+    return replaced
+
+
+def _annotations(graph: Graph) -> list[tuple[Node, QuantizationAnnotation]]:
+    return [(n, a) for n in graph.nodes if isinstance(a := n.meta.get(ANNOTATION_KEY), QuantizationAnnotation)]
+
+
+def _resolve_float(graph: Graph) -> None:
+    """Specs translated to "left float" become None, and so do shared specs whose chain of
+    sharing ends at one (under torchao they share the float observer convert removes)."""
+    annotated = _annotations(graph)
+    if not any(s is _FLOAT for _, a in annotated for s in (a.output_qspec, *a.input_qspec_map.values())):
+        return
+    specs: dict[EdgeOrNode, Any] = {}
+    for node, annotation in annotated:
+        for producer, spec in annotation.input_qspec_map.items():
+            specs[(producer, node)] = spec
+        specs[node] = annotation.output_qspec
+
+    def is_float(spec: Any, depth: int = 0) -> bool:
+        while isinstance(spec, SharedQuantizationSpec) and depth < len(specs):
+            spec, depth = specs.get(spec.edge_or_node), depth + 1
+        return spec is _FLOAT
+
+    for node, annotation in annotated:
+        input_map = {p: (None if is_float(s) else s) for p, s in annotation.input_qspec_map.items()}
+        output = None if is_float(annotation.output_qspec) else annotation.output_qspec
+        node.meta[ANNOTATION_KEY] = dataclasses.replace(annotation, input_qspec_map=input_map, output_qspec=output)
+    for node, annotation in annotated:
+        keyed: list[tuple[EdgeOrNode, Any]] = [((p, node), s) for p, s in annotation.input_qspec_map.items()]
+        for key, spec in [*keyed, (node, annotation.output_qspec)]:
+            if isinstance(spec, DerivedQuantizationSpec) and any(is_float(specs.get(k)) for k in spec.derived_from):
+                raise SharingError(
+                    f"{_describe(key)}: its DerivedQuantizationSpec derives qparams from a float32 spec "
+                    "(a tensor left float has no qparams)"
+                )
+
+
+def _describe(key: EdgeOrNode) -> str:
+    if isinstance(key, tuple):
+        return f"edge {key[0].name!r} -> {key[1].name!r}"
+    return f"output of {key.name!r}"
+
+
+def _drop_non_inputs(graph: Graph, label: Callable[[Node], str], hosted: set[Node]) -> None:
+    """Input-map entries naming a node of ``graph`` that is not an input (see the module
+    docstring). Entries naming nodes of another graph are left for collect_specs to report."""
+    annotated = _annotations(graph)
+    stray: list[tuple[Node, Node]] = []
+    for node, annotation in annotated:
+        inputs = node.all_input_nodes
+        for producer, spec in annotation.input_qspec_map.items():
+            if not isinstance(producer, Node) or producer.graph is not graph or producer in inputs:
+                continue
+            if spec is not None and node not in hosted:
+                raise AnnotationError(
+                    f"node {node.name!r}: input_qspec_map names {producer.name!r}, which is not one of its inputs "
+                    f"{[n.name for n in inputs]}: quantizer {label(node)!r} put a spec on an edge that does not exist "
+                    "(torchao ignores such an entry; quantweave drops it only when its spec is None)"
+                )
+            stray.append((producer, node))
+    if not stray:
+        return
+    referenced: dict[tuple[Node, Node], EdgeOrNode] = {}
+    for node, annotation in annotated:
+        keys: list[tuple[EdgeOrNode, Any]] = [((p, node), s) for p, s in annotation.input_qspec_map.items()]
+        keys.append((node, annotation.output_qspec))
+        for key, spec in keys:
+            targets: list[Any] = []
+            if isinstance(spec, SharedQuantizationSpec):
+                targets = [spec.edge_or_node]
+            elif isinstance(spec, DerivedQuantizationSpec):
+                targets = list(spec.derived_from)
+            for target in targets:
+                if isinstance(target, tuple):
+                    referenced.setdefault(target, key)
+    for producer, node in stray:
+        user = referenced.get((producer, node))
+        if user is not None:
+            raise SharingError(
+                f"{_describe(user)}: quantizer {label(user[1] if isinstance(user, tuple) else user)!r} shares or "
+                f"derives qparams with edge {producer.name!r} -> {node.name!r}, which does not exist: quantizer "
+                f"{label(node)!r} annotated it, but {producer.name!r} is not an input of {node.name!r} (its inputs: "
+                f"{[n.name for n in node.all_input_nodes]})"
+            )
+    drop = set(stray)
+    for node, annotation in annotated:
+        if any((p, node) in drop for p in annotation.input_qspec_map):
+            kept = {p: s for p, s in annotation.input_qspec_map.items() if (p, node) not in drop}
+            node.meta[ANNOTATION_KEY] = dataclasses.replace(annotation, input_qspec_map=kept)
+
+
+# -- observers ---------------------------------------------------------------------------
+
+
+def convertible(module: object) -> str | None:
+    """None when convert can turn ``module`` into quantize/dequantize ops, else why not."""
+    from ..observers import is_fake_quant_module, is_observer_module
+
+    if not is_observer_module(module):
+        if callable(getattr(module, "convert", None)) and callable(getattr(module, "calculate_qparams", None)):
+            return (
+                "it converts itself (it has its own convert(), as torchao's affine observers do), which "
+                "quantweave's convert does not call"
+            )
+        missing = [name for name in ("calculate_qparams", "dtype") if not hasattr(module, name)]
+        return (
+            "it is not an observer or fake-quantize module convert recognises (no "
+            + ", ".join(missing or ["qscheme"])
+            + ")"
+        )
+    inner = getattr(module, "activation_post_process", None) if is_fake_quant_module(module) else None
+    if callable(getattr(module, "convert", None)) or callable(getattr(inner, "convert", None)):
+        return (
+            "it converts itself (it has its own convert(), as torchao's affine observers do), which "
+            "quantweave's convert does not call"
+        )
+    return None
+
+
+def check_observers(observers: dict[EdgeOrNode, Any], label: Callable[[EdgeOrNode], str]) -> None:
+    """Raise AnnotationError naming the observer, the edge and the quantizer for the first
+    observer in the plan that convert would not recognise (it would be left in place)."""
+    for key, observer in observers.items():
+        reason = convertible(observer)
+        if reason is not None:
+            raise AnnotationError(
+                f"{_describe(key)}: quantizer {label(key)!r} asks for observer {_origin(observer)}, which "
+                f"convert_pt2e cannot turn into quantize/dequantize ops: {reason}"
+            )
