@@ -27,8 +27,12 @@ What a derived record can and cannot say:
 * a pattern of several ops is derived only when they are fused (no quantize / dequantize
   between them): ops quantized one by one are what the single-op patterns say.
 
-Cost: each probe is exported once per process (:func:`exported_probe`) and shared by every
-quantizer probed; per quantizer, only copying, annotating and reading remain. Results are
+Cost: the probes are exported once per process, all in one graph (each probe a submodule on
+its own inputs), shared by every quantizer probed; per quantizer, one copy of that graph, one
+``transform_for_annotation`` + ``annotate`` call (some vendors' ``annotate`` costs seconds
+per call whatever the graph's size), and reading. A quantizer that raises on the combined
+graph is probed one probe at a time (:func:`exported_probe`), so one pattern it cannot take
+costs only that pattern. Results are
 cached per *configuration* (:func:`config_key`): two quantizers of the same class whose
 attributes hold equal values (compared by a stable rendering: numbers, strings, dtypes,
 enums, classes and functions by qualified name, ``functools.partial``, containers,
@@ -47,7 +51,7 @@ import time
 import types
 import warnings
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,6 +161,7 @@ def config_key(quantizer: object) -> str | None:
 
 _LOCK = threading.RLock()
 _EXPORTS: dict[tuple[str, bool], tuple[GraphModule, tuple[Any, ...]]] = {}
+_PREFIX = "probe_"
 
 
 def exported_probe(pattern: str, train: bool = False) -> tuple[GraphModule, tuple[Any, ...]]:
@@ -171,13 +176,88 @@ def exported_probe(pattern: str, train: bool = False) -> tuple[GraphModule, tupl
             torch.manual_seed(0)
             model, inputs = PROBES[pattern]()
             model.train(train)
-            program = torch.export.export(model, inputs)
-            try:
-                module = program.module(check_guards=False)
-            except TypeError:  # a torch without the keyword
-                module = program.module()
-            _EXPORTS[key] = (module, inputs)
+            _EXPORTS[key] = (_unguarded(torch.export.export(model, inputs)), inputs)
         return _EXPORTS[key]
+
+
+def _unguarded(program: Any) -> GraphModule:
+    try:
+        return program.module(check_guards=False)  # type: ignore[no-any-return]
+    except TypeError:  # a torch without the keyword
+        return program.module()  # type: ignore[no-any-return]
+
+
+class _AllProbes(torch.nn.Module):
+    """Every probe as a submodule (``probe_<pattern>``) of one model, each on its own inputs:
+    one export and one ``annotate`` call cover them all (a vendor's ``annotate`` may cost
+    seconds per call whatever the graph's size)."""
+
+    def __init__(self, probes: dict[str, tuple[torch.nn.Module, tuple[Any, ...]]]) -> None:
+        super().__init__()
+        self.counts: list[tuple[str, int]] = []
+        for name, (model, inputs) in probes.items():
+            self.add_module(_PREFIX + name, model)
+            self.counts.append((name, len(inputs)))
+
+    def forward(self, *flat: Any) -> tuple[Any, ...]:
+        outputs, at = [], 0
+        for name, count in self.counts:
+            outputs.append(getattr(self, _PREFIX + name)(*flat[at : at + count]))
+            at += count
+        return tuple(outputs)
+
+
+_COMBINED: dict[bool, tuple[GraphModule, dict[str, str]]] = {}
+
+
+def _combined_probes(train: bool) -> tuple[GraphModule, dict[str, str]]:
+    """All probes exported as one graph (once per process per mode), and placeholder name ->
+    the pattern whose probe it feeds."""
+    with _LOCK:
+        if train not in _COMBINED:
+            from ..capabilities import core_patterns
+
+            probes = {}
+            for name, spec in core_patterns().items():
+                if spec.probe is None or (not train and any("batch_norm" in op for op in spec.ops)):
+                    continue  # conv + batch norm patterns are QAT patterns: probed in training mode only
+                torch.manual_seed(0)
+                model, inputs = spec.probe()
+                model.train(train)
+                probes[name] = (model, tuple(inputs))
+            combined = _AllProbes(probes).train(train)
+            flat = tuple(x for _, inputs in probes.values() for x in inputs)
+            gm = _unguarded(torch.export.export(combined, flat))
+            owners = [name for name, (_, inputs) in probes.items() for _ in inputs]
+            placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+            _COMBINED[train] = (gm, dict(zip(placeholders, owners, strict=False)))
+        return _COMBINED[train]
+
+
+def _probe_of(node: Node, placeholders: Mapping[str, str], memo: dict[Node, str | None]) -> str | None:
+    """The pattern whose probe ``node`` belongs to: by its module stack, its parameter's
+    path, its placeholder, or else its first input that has one."""
+    if node in memo:
+        return memo[node]
+    memo[node] = None  # cycles cannot occur in an FX graph; this only guards re-entry
+    found: str | None = None
+    stack = node.meta.get("nn_module_stack") or {}
+    for path, _ in reversed(list(stack.values())):
+        head = str(path).split(".")[0]
+        if head.startswith(_PREFIX):
+            found = head.removeprefix(_PREFIX)
+            break
+    if found is None and node.op == "get_attr" and str(node.target).startswith(_PREFIX):
+        found = str(node.target).split(".")[0].removeprefix(_PREFIX)
+    if found is None and node.op == "placeholder":
+        found = placeholders.get(node.name)
+    if found is None:
+        for source in node.all_input_nodes:
+            found = _probe_of(source, placeholders, memo)
+            if found is not None:
+                break
+    memo[node] = found
+    return found
 
 
 # -- statistics ---------------------------------------------------------------------------------
@@ -202,22 +282,24 @@ _BY_ID: dict[int, tuple[Any, tuple[tuple[Capability, ...], ProbeStats]]] = {}
 
 
 def _cached(quantizer: object, key: str | None) -> tuple[tuple[Capability, ...], ProbeStats] | None:
-    if key is not None:
-        return _BY_KEY.get(key)
+    """By the object first (a vendor may change its own attributes while annotating, which
+    changes its key), then by its configuration key."""
     try:
-        return _BY_OBJECT.get(quantizer)
-    except TypeError:  # neither hashable nor weak-referenceable: keep it alive with its result
+        found = _BY_OBJECT.get(quantizer)
+    except TypeError:  # neither hashable nor weak-referenceable
         entry = _BY_ID.get(id(quantizer))
-        return entry[1] if entry is not None and entry[0] is quantizer else None
+        found = entry[1] if entry is not None and entry[0] is quantizer else None
+    if found is None and key is not None:
+        found = _BY_KEY.get(key)
+    return found
 
 
 def _store(quantizer: object, key: str | None, result: tuple[tuple[Capability, ...], ProbeStats]) -> None:
     if key is not None:
         _BY_KEY[key] = result
-        return
     try:
         _BY_OBJECT[quantizer] = result
-    except TypeError:
+    except TypeError:  # kept alive with its result, so its id stays its own
         _BY_ID[id(quantizer)] = (quantizer, result)
 
 
@@ -261,15 +343,42 @@ def derive_capabilities(quantizer: object) -> tuple[Capability, ...]:
 
 
 def _derive(quantizer: object, train: bool, stats: ProbeStats) -> list[Capability]:
+    """Annotate all probes as one graph (one call of the quantizer's hooks); if the quantizer
+    raises on it, probe by probe (one failing probe then costs only its own pattern)."""
     from ..capabilities import core_patterns
 
+    vocabulary = {
+        name: spec
+        for name, spec in core_patterns().items()
+        if spec.probe is not None and (train or not any("batch_norm" in op for op in spec.ops))
+    }
+    stats.probes = len(vocabulary)
+    fresh = train not in _COMBINED
+    before = time.perf_counter()
+    combined, placeholders = _combined_probes(train)
+    if fresh:
+        stats.export_seconds += time.perf_counter() - before
+    try:
+        gm = _annotate(quantizer, combined)
+    except Exception as exc:
+        stats.left_out["<all probes in one graph>"] = f"annotate raised {type(exc).__name__}: {exc}; probed one by one"
+        return _derive_one_by_one(quantizer, train, stats, vocabulary)
+    memo: dict[Node, str | None] = {}
     caps: list[Capability] = []
-    for name, spec in core_patterns().items():
-        if spec.probe is None:
+    for name, spec in vocabulary.items():
+        try:
+            cap = _read(gm, name, spec.ops, lambda node, name=name: _probe_of(node, placeholders, memo) == name)
+        except ValueError as exc:  # an annotation a Capability cannot state
+            stats.left_out[name] = str(exc)
             continue
-        if not train and any("batch_norm" in op for op in spec.ops):
-            continue  # conv + batch norm patterns are QAT patterns: probed in training mode only
-        stats.probes += 1
+        if cap is not None:
+            caps.append(cap)
+    return caps
+
+
+def _derive_one_by_one(quantizer: object, train: bool, stats: ProbeStats, vocabulary: Mapping[str, Any]) -> list[Capability]:
+    caps: list[Capability] = []
+    for name, spec in vocabulary.items():
         fresh = (name, train) not in _EXPORTS
         before = time.perf_counter()
         exported, _ = exported_probe(name, train)
@@ -277,13 +386,12 @@ def _derive(quantizer: object, train: bool, stats: ProbeStats) -> list[Capabilit
             stats.export_seconds += time.perf_counter() - before
         try:
             gm = _annotate(quantizer, exported)
+            cap = _read(gm, name, spec.ops)
+        except ValueError as exc:
+            stats.left_out[name] = str(exc)
+            continue
         except Exception as exc:
             stats.left_out[name] = f"annotating the probe raised {type(exc).__name__}: {exc}"
-            continue
-        try:
-            cap = _read(gm, name, spec.ops)
-        except ValueError as exc:  # an annotation a Capability cannot state
-            stats.left_out[name] = str(exc)
             continue
         if cap is not None:
             caps.append(cap)
@@ -302,12 +410,10 @@ def _annotate(quantizer: Any, exported: GraphModule) -> GraphModule:
 
 def _translate(gm: GraphModule, quantizer: object) -> None:
     """Annotations of torchao's classes -> quantweave's, as prepare does."""
-    try:
-        from . import foreign  # type: ignore[attr-defined]
-    except ImportError:  # TEMP until i21-core lands
-        return
+    from .foreign import translate_annotations
+
     label = getattr(quantizer, "name", None) or type(quantizer).__name__
-    foreign.translate_annotations(gm.graph, lambda node: str(label))
+    translate_annotations(gm.graph, lambda node: str(label))
 
 
 def _has_specs(node: Node) -> bool:
@@ -330,11 +436,14 @@ def _is_fake_quantize(spec: Any) -> bool:
     )
 
 
-def _read(gm: GraphModule, pattern: str, ops: tuple[str, ...]) -> Capability | None:
-    """The capability the annotations on the probe of ``pattern`` show (None: not supported)."""
+def _read(
+    gm: GraphModule, pattern: str, ops: tuple[str, ...], in_probe: Callable[[Node], bool] | None = None
+) -> Capability | None:
+    """The capability the annotations on the probe of ``pattern`` show (None: not supported);
+    ``in_probe`` tells the nodes of that probe when ``gm`` holds several."""
     from ..testing.conformance import _activation_inputs, _output_found, _weight_input
 
-    occurrences = matches(gm.graph, chain_of(ops))
+    occurrences = [m for m in matches(gm.graph, chain_of(ops)) if in_probe is None or in_probe(m[0])]
     if not occurrences:
         return None
     nodes = occurrences[0]
@@ -348,7 +457,10 @@ def _read(gm: GraphModule, pattern: str, ops: tuple[str, ...]) -> Capability | N
         return concrete[roots[key]] if key in specs else None
 
     inputs = _activation_inputs(anchor)
-    act_spec = next((resolved((p, anchor)) for p in inputs if resolved((p, anchor)) is not None), None)
+    # what the anchor reads: its input edge's spec, or else its producer's output spec (some
+    # vendors, OpenVINO's, quantize a tensor where it is produced, for every reader)
+    read = [resolved((p, anchor)) if (p, anchor) in specs else resolved(p) for p in inputs]
+    act_spec = next((spec for spec in read if spec is not None), None)
     weight = _weight_input(anchor)
     weight_spec = resolved((weight, anchor)) if weight is not None else None
     if act_spec is None and weight_spec is None:
