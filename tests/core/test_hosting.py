@@ -485,3 +485,101 @@ def test_translation_leaves_the_quantizer_and_callers_graph_alone():
     qw.prepare_pt2e(gm, Keep())
     assert seen and all(type(a) is QuantizationAnnotation for a in seen)  # the vendor's objects, not replaced in place
     assert all(KEY not in n.meta for n in gm.graph.nodes)
+
+
+# -- composition with vendors that re-annotate
+
+
+def _relu(gm):
+    return next(n for n in gm.graph.nodes if n.target == aten.relu.default)
+
+
+def _claim_relu(annotated: bool):
+    def fn(gm):
+        relu = _relu(gm)
+        if KEY not in relu.meta:
+            relu.meta[KEY] = QuantizationAnnotation(output_qspec=_act(), _annotated=annotated)
+
+    return fn
+
+
+class Named(FnQuantizer):
+    def __init__(self, name, fn):
+        super().__init__(fn)
+        self.name = name
+
+
+def test_foreign_members_compose_first_annotator_wins():
+    composed = qw.ComposableQuantizer([Named("vendor_a", _claim_relu(True)), Named("vendor_b", _claim_relu(True))])
+    model, inputs = MODELS["mlp"]()
+    prepared = qw.prepare_pt2e(export(model, *inputs), composed)
+    relu = _relu(prepared)
+    assert relu.meta[qw.ANNOTATED_BY_KEY] == "vendor_a"
+    assert isinstance(relu.meta[KEY], qw.QuantizationAnnotation)
+
+
+class Rewrites(Quantizer):
+    """Re-annotates the relu an earlier member annotated, as Arm's / Samsung's quantizers do."""
+
+    name = "rewriter"
+
+    def __init__(self, how):
+        self.how = how
+
+    def annotate(self, model):
+        relu = _relu(model)
+        if self.how == "mutate":
+            relu.meta[KEY].output_qspec = _act(quant_min=-100, quant_max=100)
+        elif self.how == "input":
+            relu.meta[KEY].input_qspec_map[relu.args[0]] = _act()
+        else:
+            relu.meta[KEY] = QuantizationAnnotation(output_qspec=SharedQuantizationSpec(relu.args[0]))
+        return model
+
+
+@pytest.mark.parametrize(
+    ("how", "change"),
+    [
+        (
+            "mutate",
+            r"output spec: QuantizationSpec\(torch.int8, .*MinMaxObserver\) -> QuantizationSpec\(.*quant_min=-100",
+        ),
+        ("input", r"input edge from 'linear' added: QuantizationSpec\(torch.int8"),
+        ("replace", r"output spec: QuantizationSpec\(.*\) -> SharedQuantizationSpec\('linear'\)"),
+    ],
+)
+def test_a_vendor_rewriting_an_earlier_annotation_is_named_with_what_it_changed(how, change):
+    composed = qw.ComposableQuantizer([Named("vendor_a", _claim_relu(True)), Rewrites(how)])
+    model, inputs = MODELS["mlp"]()
+    with pytest.raises(
+        qw.AnnotationConflictError,
+        match=rf"quantizer 'rewriter' .* quantizer 'vendor_a' made on node 'relu' .*{change}",
+    ):
+        qw.prepare_pt2e(export(model, *inputs), composed)
+
+
+def test_a_vendor_leaving_annotated_unset_is_named_with_the_order_that_composes():
+    # OpenVINO's quantizer leaves _annotated unset: a later member cannot know the node is taken
+    composed = qw.ComposableQuantizer([Named("openvino_like", _claim_relu(False)), Rewrites("replace")])
+    model, inputs = MODELS["mlp"]()
+    with pytest.raises(
+        qw.AnnotationConflictError, match=r"left _annotated unset.*put 'rewriter' before 'openvino_like'"
+    ):
+        qw.prepare_pt2e(export(model, *inputs), composed)
+    reordered = qw.ComposableQuantizer([Named("other", lambda gm: None), Named("openvino_like", _claim_relu(False))])
+    prepared = qw.prepare_pt2e(export(model, *inputs), reordered)
+    prepared(*inputs)
+    qw.convert_pt2e(prepared)
+
+
+def test_a_foreign_quantizer_composes_with_a_native_one_and_leave_float_wraps_it():
+    model, inputs = MODELS["mlp"]()
+    composed = qw.ComposableQuantizer([Named("vendor", _claim_relu(True)), make_reference_quantizer()])
+    prepared = qw.prepare_pt2e(export(model, *inputs), composed)
+    prepared(*inputs)
+    converted = qw.convert_pt2e(prepared)
+    assert qdq_count(converted) > 0
+    wrapped = qw.LeaveFloat(make_reference_quantizer(FOREIGN), nodes=["linear_1"])
+    prepared = qw.prepare_pt2e(export(model, *inputs), wrapped)
+    second = [n for n in prepared.graph.nodes if n.target == aten.linear.default][1]
+    assert KEY not in second.meta or not any(second.meta[KEY].input_qspec_map.values())
