@@ -24,7 +24,12 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
+<<<<<<< HEAD
 from ._modules.derive import capabilities_of
+=======
+from ._modules.conflicts import Snapshot, describe_change, snapshot
+from ._modules.foreign import is_annotation_like, is_pt2e_quantizer
+>>>>>>> i21-core
 from ._modules.patterns import Chain, chain_of, embeddings
 from .annotation import ANNOTATED_BY_KEY, ANNOTATION_KEY, EdgeOrNode, QuantizationAnnotation
 from .capabilities import PATTERNS, PROBE_PRODUCERS, Capability, Mode, sort_capabilities
@@ -65,16 +70,11 @@ class CapabilityRow:
         return bool(self.served_as) and all(step == (self.served_by, self.pattern) for step in self.served_as)
 
 
-_Snapshot = tuple[tuple[tuple[Node, Any], ...], Any, bool, bool]
+_Snapshot = Snapshot
 
 
-def _value(annotation: QuantizationAnnotation) -> _Snapshot:
-    return (
-        tuple(annotation.input_qspec_map.items()),
-        annotation.output_qspec,
-        annotation.allow_implicit_sharing,
-        annotation._annotated,
-    )
+def _value(annotation: Any) -> _Snapshot:
+    return snapshot(annotation)
 
 
 def _changed_fields(before: _Snapshot, after: _Snapshot) -> list[str]:
@@ -90,9 +90,11 @@ class ComposableQuantizer(Quantizer):
         if not members:
             raise ValueError("ComposableQuantizer needs at least one quantizer; got an empty sequence")
         for index, member in enumerate(members):
-            if not isinstance(member, Quantizer):
+            if not isinstance(member, Quantizer) and not is_pt2e_quantizer(member):
                 raise TypeError(
-                    f"ComposableQuantizer member {index} must be a quantweave.Quantizer; got {type(member).__name__}"
+                    f"ComposableQuantizer member {index} must be a quantweave.Quantizer; got {type(member).__name__} "
+                    "(an object with the PT2E quantizer hooks annotate, validate, transform_for_annotation and "
+                    "prepare_obs_or_fq_callback, such as a torchao Quantizer, is taken too)"
                 )
         labels = [quantizer_label(q) for q in members]
         self.labels = [f"{label}#{i}" if labels.count(label) > 1 else label for i, label in enumerate(labels)]
@@ -123,7 +125,7 @@ class ComposableQuantizer(Quantizer):
         seen: dict[Node, tuple[QuantizationAnnotation, _Snapshot, str]] = {}
         for node in model.graph.nodes:  # annotations made before composition belong to the caller
             annotation = node.meta.get(ANNOTATION_KEY)
-            if isinstance(annotation, QuantizationAnnotation):
+            if is_annotation_like(annotation):
                 seen[node] = (annotation, _value(annotation), "<pre-existing>")
         for member, label in zip(self.quantizers, self.labels, strict=True):
             self._member_call(label, member, "annotate", model)
@@ -137,14 +139,21 @@ class ComposableQuantizer(Quantizer):
                     what = f"mutated in place ({', '.join(_changed_fields(value, _value(current)))} changed)"
                 else:
                     continue
+                after = _value(current) if is_annotation_like(current) else None
+                hint = ""
+                if not value[3]:
+                    hint = (
+                        f"; quantizer {owner!r} left _annotated unset on it, so {label!r} could not see it was taken: "
+                        f"put {label!r} before {owner!r} in the composition"
+                    )
                 raise AnnotationConflictError(
                     f"quantizer {label!r} {what} the annotation that quantizer {owner!r} made on node "
-                    f"{node.name!r}; a later quantizer must skip nodes an earlier one annotated "
-                    "(check quantweave.is_annotated)"
+                    f"{node.name!r} ({describe_change(value, after)}); a later quantizer must skip nodes an earlier "
+                    f"one annotated (check quantweave.is_annotated){hint}"
                 )
             for node in model.graph.nodes:
                 annotation = node.meta.get(ANNOTATION_KEY)
-                if node not in seen and isinstance(annotation, QuantizationAnnotation):
+                if node not in seen and is_annotation_like(annotation):
                     seen[node] = (annotation, _value(annotation), label)
                     if not isinstance(member, ComposableQuantizer) or ANNOTATED_BY_KEY not in node.meta:
                         node.meta[ANNOTATED_BY_KEY] = label  # a nested composition names its own members
@@ -168,7 +177,11 @@ class ComposableQuantizer(Quantizer):
         (:func:`quantweave.capabilities.derive_capabilities`)."""
         declared: list[tuple[str, Capability]] = []  # (member label, capability), in member order
         for member, label in zip(self.quantizers, self.labels, strict=True):
+<<<<<<< HEAD
             for cap in capabilities_of(member):  # a member declaring none: derived by probing
+=======
+            for cap in getattr(member, "quantization_capabilities", tuple)():
+>>>>>>> i21-core
                 if not isinstance(cap, Capability):
                     raise TypeError(
                         f"quantizer {label!r}: quantization_capabilities() must return Capability records; "
@@ -176,8 +189,9 @@ class ComposableQuantizer(Quantizer):
                     )
                 if not cap.quantizer:
                     cap = replace(cap, quantizer=label)
-                if not cap.plugin and member.plugin:
-                    cap = replace(cap, plugin=member.plugin)
+                plugin = getattr(member, "plugin", "")
+                if not cap.plugin and plugin:
+                    cap = replace(cap, plugin=plugin)
                 declared.append((label, cap))
         rows = []
         for key in dict.fromkeys(cap.key for _, cap in declared):

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
+from ._modules.foreign import is_pt2e_quantizer, translate_annotations
 from .annotation import (
     ANNOTATION_KEY,
     DerivedQuantizationSpec,
@@ -119,14 +120,17 @@ class LeaveFloat(Quantizer):
         reasons: Mapping[str, str] | None = None,
         float_inputs: bool = True,
     ) -> None:
-        if not isinstance(quantizer, Quantizer):
-            raise TypeError(f"LeaveFloat wraps a quantweave.Quantizer; got {type(quantizer).__name__}")
+        if not isinstance(quantizer, Quantizer) and not is_pt2e_quantizer(quantizer):
+            raise TypeError(
+                "LeaveFloat wraps a quantweave.Quantizer (or an object with the PT2E quantizer hooks); "
+                f"got {type(quantizer).__name__}"
+            )
         self.quantizer = quantizer
         self.nodes = tuple(dict.fromkeys(nodes))
         self.reasons = dict(reasons or {})
         self.float_inputs = float_inputs
         self.name = quantizer_label(quantizer)
-        self.plugin = quantizer.plugin
+        self.plugin = getattr(quantizer, "plugin", "")
         self.units: dict[str, tuple[str, ...]] = {}
         #: names of producers whose output quantization was removed in the last annotate
         self.float_outputs: tuple[str, ...] = ()
@@ -143,10 +147,11 @@ class LeaveFloat(Quantizer):
         self.quantizer.prepare_obs_or_fq_callback(model, edge_or_node_to_obs_or_fq)
 
     def quantization_capabilities(self) -> Sequence[Any]:
-        return self.quantizer.quantization_capabilities()
+        return getattr(self.quantizer, "quantization_capabilities", tuple)()
 
     def annotate(self, model: GraphModule) -> GraphModule:
         self.quantizer.annotate(model)
+        translate_annotations(model.graph, lambda node: self.name)  # a hosted quantizer's (torchao's) classes
         self.units = fused_units(model)
         by_name = {n.name: n for n in model.graph.nodes}
         missing = [name for name in self.nodes if name not in by_name]

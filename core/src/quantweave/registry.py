@@ -30,6 +30,7 @@ from typing import Any
 import pluggy
 
 from ._modules.derive import derived_for_info
+from ._modules.foreign import is_pt2e_quantizer
 from .capabilities import PATTERNS, Capability, Mode, PatternSpec, core_patterns, sort_capabilities
 from .errors import PluginError, PluginWarning, UnknownQuantizerError
 from .hookspecs import QuantweaveHookSpecs
@@ -440,10 +441,10 @@ class PluginManager:
             raise PluginError(
                 f"quantizer {plugin}:{info.name} (plugin {plugin!r}) failed to build: {type(exc).__name__}: {exc}"
             ) from exc
-        if not isinstance(quantizer, Quantizer):
+        if not isinstance(quantizer, Quantizer) and not is_pt2e_quantizer(quantizer):
             raise PluginError(
                 f"quantizer {plugin}:{info.name}: factory returned {type(quantizer).__name__}, "
-                "expected a quantweave.Quantizer"
+                "expected a quantweave.Quantizer (or an object with the PT2E quantizer hooks)"
             )
         with contextlib.suppress(AttributeError):  # provenance, read by ComposableQuantizer
             quantizer.plugin = plugin

@@ -61,9 +61,11 @@ from ..errors import AnnotationError, SharingError
 from .qtypes import integer_dtype, is_integer_dtype, is_per_channel
 
 __all__ = [
+    "PT2E_HOOKS",
     "check_observers",
     "convertible",
     "is_annotation_like",
+    "is_pt2e_quantizer",
     "translate_annotations",
 ]
 
@@ -76,6 +78,16 @@ _SPEC_FIELDS: dict[str, tuple[str, ...]] = {
     "DerivedQuantizationSpec": ("derived_from", "derive_qparams_fn", "dtype"),
 }
 _FLOAT = object()  # marks a spec translated to "left float" (None)
+
+
+#: the hooks prepare calls: an object with all of them works wherever a quantweave.Quantizer does
+PT2E_HOOKS = ("transform_for_annotation", "annotate", "validate", "prepare_obs_or_fq_callback")
+
+
+def is_pt2e_quantizer(obj: object) -> bool:
+    """True for an object with PT2E's quantizer hooks (torchao's ``Quantizer`` and its
+    subclasses, any vendor's), whatever its class."""
+    return all(callable(getattr(obj, hook, None)) for hook in PT2E_HOOKS)
 
 
 def _pt2e_kind(obj: object, names: Any) -> str | None:

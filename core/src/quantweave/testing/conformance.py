@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.fx import GraphModule, Node
 
+from .._modules.foreign import translate_annotations
 from .._modules.graph import copy_graph_module, get_attr_value
 from .._modules.patterns import Chain, chain_of, matches, node_op
 from .._modules.sharing import collect_specs, group_specs
@@ -65,9 +66,9 @@ from ..capabilities import (
     core_patterns,
     tensor_quant_from_spec,
 )
-from ..compose import CapabilityRow, ComposableQuantizer
+from ..compose import CapabilityRow, ComposableQuantizer, quantizer_label
 from ..convert import convert_pt2e
-from ..observers import FakeQuantizeBase
+from ..observers import is_fake_quant_module
 from ..plugin_api import QuantizerInfo
 from ..prepare import prepare_pt2e, prepare_qat_pt2e
 
@@ -321,6 +322,7 @@ def _annotate(quantizer: Any, exported: GraphModule) -> GraphModule:
     gm, _ = copy_graph_module(exported)
     gm = quantizer.transform_for_annotation(gm)
     quantizer.annotate(gm)
+    translate_annotations(gm.graph, lambda node: quantizer_label(quantizer))  # a hosted (torchao) quantizer's
     return gm
 
 
@@ -487,7 +489,7 @@ def _run_flow(
     try:
         if mode is Mode.QAT:
             prepared = prepare_qat_pt2e(exported, quantizer)
-            if not any(isinstance(m, FakeQuantizeBase) for m in prepared.modules()):
+            if not any(is_fake_quant_module(m) for m in prepared.modules()):
                 return ["declared qat, but prepare_qat_pt2e inserted no fake-quantize modules"]
         else:
             prepared = prepare_pt2e(exported, quantizer)
