@@ -24,12 +24,9 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
-<<<<<<< HEAD
-from ._modules.derive import capabilities_of
-=======
 from ._modules.conflicts import Snapshot, describe_change, snapshot
+from ._modules.derive import capabilities_of
 from ._modules.foreign import is_annotation_like, is_pt2e_quantizer
->>>>>>> i21-core
 from ._modules.patterns import Chain, chain_of, embeddings
 from .annotation import ANNOTATED_BY_KEY, ANNOTATION_KEY, EdgeOrNode, QuantizationAnnotation
 from .capabilities import PATTERNS, PROBE_PRODUCERS, Capability, Mode, sort_capabilities
@@ -177,11 +174,7 @@ class ComposableQuantizer(Quantizer):
         (:func:`quantweave.capabilities.derive_capabilities`)."""
         declared: list[tuple[str, Capability]] = []  # (member label, capability), in member order
         for member, label in zip(self.quantizers, self.labels, strict=True):
-<<<<<<< HEAD
             for cap in capabilities_of(member):  # a member declaring none: derived by probing
-=======
-            for cap in getattr(member, "quantization_capabilities", tuple)():
->>>>>>> i21-core
                 if not isinstance(cap, Capability):
                     raise TypeError(
                         f"quantizer {label!r}: quantization_capabilities() must return Capability records; "
