@@ -153,6 +153,8 @@ def test_torchao_qat_fake_quantizers_convert(torchao_api):
         xnnpack_like.get_symmetric_quantization_config(is_per_channel=True, is_qat=True)
     )
     prepared = qw.prepare_qat_pt2e(torch.export.export(model.train(), inputs).module(), quantizer)
+    missing = [n.name for n in prepared.graph.nodes if "val" not in n.meta and n.name not in ("output", "_guards_fn")]
+    assert not missing  # the QAT rewrite's nodes and the fake-quantize nodes carry meta["val"] too
     fake_quants = [m for m in prepared.modules() if isinstance(m, TorchaoFakeQuantizeBase)]
     assert fake_quants and all(qw.observers.is_fake_quant_module(m) for m in fake_quants)
     prepared(*inputs)
