@@ -106,6 +106,18 @@ def test_a_torchao_quantizer_converts_through_quantweave_as_through_torchao(name
     assert torch.equal(out, ref), f"max abs difference {(out - ref).abs().max().item()}"
 
 
+def test_a_shared_spec_naming_a_missing_edge_converts_as_torchao(torchao_api, torchao_flow):
+    from tests.core.test_hosting import share_through_a_missing_edge
+
+    torch.manual_seed(0)
+    model, inputs = MODELS["mlp"]()
+    ours, out = run((qw.prepare_pt2e, qw.convert_pt2e), model, inputs, share_through_a_missing_edge(torchao_api))
+    theirs, ref = run(torchao_flow, model, inputs, share_through_a_missing_edge(torchao_api))
+    assert qdq_count(ours) == qdq_count(theirs) > 0
+    assert qdq_summary(ours) == qdq_summary(theirs)
+    assert torch.equal(out, ref), f"max abs difference {(out - ref).abs().max().item()}"
+
+
 def test_torchao_observers_are_recognised_and_calibrated(torchao_api):
     from torchao.quantization.pt2e.observer import ObserverBase as TorchaoObserverBase
 
