@@ -417,17 +417,50 @@ def test_a_native_none_entry_for_a_node_that_is_not_an_input_is_dropped():
     assert [p.name for p in second.meta[KEY].input_qspec_map] == ["relu"]
 
 
-def test_a_shared_spec_naming_an_edge_that_does_not_exist_is_named():
+def share_through_a_missing_edge(api):
+    """A quantizer (written against ``api``) that annotates linear_1 with an entry for 'x',
+    which is not its input, and shares linear_1's real input with that edge (Samsung's
+    quantizer does this on reshapes)."""
+
+    class Quantizer(api.Quantizer):
+        def annotate(self, gm):
+            first, second = [n for n in gm.graph.nodes if n.target == aten.linear.default]
+            x = first.args[0]
+            act = api.QuantizationSpec(
+                dtype=torch.int8, observer_or_fake_quant_ctr=api.MinMaxObserver, qscheme=torch.per_tensor_affine
+            )
+            first.meta[KEY] = api.QuantizationAnnotation(input_qspec_map={x: act}, _annotated=True)
+            second.meta[KEY] = api.QuantizationAnnotation(
+                input_qspec_map={second.args[0]: api.SharedQuantizationSpec((x, second)), x: act}, _annotated=True
+            )
+            return gm
+
+        def validate(self, gm):
+            return None
+
+    return Quantizer()
+
+
+def test_a_shared_spec_naming_an_edge_that_does_not_exist_shares_its_group_as_torchao():
+    model, inputs = MODELS["mlp"]()
+    prepared = qw.prepare_pt2e(export(model, *inputs), share_through_a_missing_edge(FOREIGN))
+    first, second = [n for n in prepared.graph.nodes if n.target == aten.linear.default]
+    # the missing edge x -> linear_1 implicitly shares x -> linear's observer (same tensor, same spec), and
+    # relu -> linear_1 shares the missing edge's group: one observer reads x and relu
+    assert first.args[0].op == second.args[0].op == "call_module"
+    assert first.args[0].target == second.args[0].target
+    assert second.args[0].args[0].name == "relu"
+    prepared(*inputs)
+    assert qdq_count(qw.convert_pt2e(prepared)) == 4
+
+
+def test_a_native_spec_for_a_node_that_is_not_an_input_is_named():
     def fn(gm):
         first, second = [n for n in gm.graph.nodes if n.target == aten.linear.default]
-        x = first.args[0]
-        second.meta[KEY] = QuantizationAnnotation(
-            input_qspec_map={second.args[0]: SharedQuantizationSpec((x, second)), x: _act()}
-        )
+        act = qw.QuantizationSpec(dtype=torch.int8, observer_or_fake_quant_ctr=qw.observers.MinMaxObserver)
+        second.meta[KEY] = qw.QuantizationAnnotation(input_qspec_map={first.args[0]: act})
 
-    with pytest.raises(
-        qw.SharingError, match=r"edge 'relu' -> 'linear_1'.*'FnQuantizer'.*edge 'x' -> 'linear_1'.*does not"
-    ):
+    with pytest.raises(qw.AnnotationError, match=r"node 'linear_1': input_qspec_map names 'x'.*'FnQuantizer'"):
         _prepare_mlp(fn)
 
 

@@ -106,6 +106,18 @@ def test_a_torchao_quantizer_converts_through_quantweave_as_through_torchao(name
     assert torch.equal(out, ref), f"max abs difference {(out - ref).abs().max().item()}"
 
 
+def test_a_shared_spec_naming_a_missing_edge_converts_as_torchao(torchao_api, torchao_flow):
+    from tests.core.test_hosting import share_through_a_missing_edge
+
+    torch.manual_seed(0)
+    model, inputs = MODELS["mlp"]()
+    ours, out = run((qw.prepare_pt2e, qw.convert_pt2e), model, inputs, share_through_a_missing_edge(torchao_api))
+    theirs, ref = run(torchao_flow, model, inputs, share_through_a_missing_edge(torchao_api))
+    assert qdq_count(ours) == qdq_count(theirs) > 0
+    assert qdq_summary(ours) == qdq_summary(theirs)
+    assert torch.equal(out, ref), f"max abs difference {(out - ref).abs().max().item()}"
+
+
 def test_torchao_observers_are_recognised_and_calibrated(torchao_api):
     from torchao.quantization.pt2e.observer import ObserverBase as TorchaoObserverBase
 
@@ -153,6 +165,8 @@ def test_torchao_qat_fake_quantizers_convert(torchao_api):
         xnnpack_like.get_symmetric_quantization_config(is_per_channel=True, is_qat=True)
     )
     prepared = qw.prepare_qat_pt2e(torch.export.export(model.train(), inputs).module(), quantizer)
+    missing = [n.name for n in prepared.graph.nodes if "val" not in n.meta and n.name not in ("output", "_guards_fn")]
+    assert not missing  # the QAT rewrite's nodes and the fake-quantize nodes carry meta["val"] too
     fake_quants = [m for m in prepared.modules() if isinstance(m, TorchaoFakeQuantizeBase)]
     assert fake_quants and all(qw.observers.is_fake_quant_module(m) for m in fake_quants)
     prepared(*inputs)

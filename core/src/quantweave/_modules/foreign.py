@@ -29,9 +29,11 @@ Input-map entries naming a node of the graph that is not an input of the annotat
 
 * with a ``None`` spec (nothing asked for) they are dropped, for every quantizer;
 * with a spec, in an annotation of torchao's / torch.ao's classes, they are dropped as
-  torchao drops them (the hosted quantizer was written and tested against that) unless a
-  shared or derived spec refers to that edge: then prepare raises a
-  :class:`~quantweave.errors.SharingError` naming the quantizer, the node and the edge;
+  torchao drops them (the hosted quantizer was written and tested against that), unless a
+  shared or derived spec refers to that edge: then, as under torchao, the edge's spec
+  takes part in the sharing groups (implicit sharing included) and its group's observer
+  observes the referring edges / nodes, never the edge itself (Samsung's quantizer shares
+  a reshape's output with such an edge);
 * with a spec, in a quantweave annotation, prepare raises an
   :class:`~quantweave.errors.AnnotationError` naming the quantizer, the node and the entry
   (a quantweave quantizer's author can fix it; it is often an annotation of another graph).
@@ -360,16 +362,7 @@ def _drop_non_inputs(graph: Graph, label: Callable[[Node], str], hosted: set[Nod
             for target in targets:
                 if isinstance(target, tuple):
                     referenced.setdefault(target, key)
-    for producer, node in stray:
-        user = referenced.get((producer, node))
-        if user is not None:
-            raise SharingError(
-                f"{_describe(user)}: quantizer {label(user[1] if isinstance(user, tuple) else user)!r} shares or "
-                f"derives qparams with edge {producer.name!r} -> {node.name!r}, which does not exist: quantizer "
-                f"{label(node)!r} annotated it, but {producer.name!r} is not an input of {node.name!r} (its inputs: "
-                f"{[n.name for n in node.all_input_nodes]})"
-            )
-    drop = set(stray)
+    drop = {edge for edge in stray if edge not in referenced}  # a referenced one stays for its group
     for node, annotation in annotated:
         if any((p, node) in drop for p in annotation.input_qspec_map):
             kept = {p: s for p, s in annotation.input_qspec_map.items() if (p, node) not in drop}

@@ -2,7 +2,10 @@
 
 Steps (all independent of graph order):
 
-1. collect every (edge or node) -> spec from the annotations, validating references;
+1. collect every (edge or node) -> spec from the annotations, validating references (an
+   input-map entry naming a node of the graph that is not an input -- a hosted torchao
+   quantizer's -- is kept only as the target of a shared / derived spec: its group's
+   observer observes the real edges and nodes, as under torchao);
 2. union-find over explicit sharing (:class:`SharedQuantizationSpec`); a group with no
    concrete spec is a cycle and is reported with its members;
 3. implicit sharing: an input edge joins the producer's output group and the groups of the
@@ -62,6 +65,7 @@ def describe(key: EdgeOrNode) -> str:
 def collect_specs(graph: Graph) -> dict[EdgeOrNode, QuantizationSpecBase]:
     """Every annotated edge/node and its spec, in graph order; None specs are skipped."""
     specs: dict[EdgeOrNode, QuantizationSpecBase] = {}
+    phantoms: list[tuple[Node, Node]] = []  # annotated edges that are not edges of the graph
     for node in graph.nodes:
         annotation = node.meta.get(ANNOTATION_KEY)
         if annotation is None:
@@ -73,7 +77,9 @@ def collect_specs(graph: Graph) -> dict[EdgeOrNode, QuantizationSpecBase]:
             )
         inputs = node.all_input_nodes
         for producer, spec in annotation.input_qspec_map.items():
-            if not isinstance(producer, Node) or producer not in inputs:
+            if isinstance(producer, Node) and producer not in inputs and producer.graph is graph and spec is not None:
+                phantoms.append((producer, node))  # kept for sharing when a spec refers to it (checked below)
+            elif not isinstance(producer, Node) or producer not in inputs:
                 raise AnnotationError(
                     f"node {node.name!r}: input_qspec_map names "
                     f"{getattr(producer, 'name', producer)!r}, which is not one of its inputs "
@@ -85,6 +91,14 @@ def collect_specs(graph: Graph) -> dict[EdgeOrNode, QuantizationSpecBase]:
         if annotation.output_qspec is not None:
             _check_spec_type(annotation.output_qspec, f"output of {node.name!r}")
             specs[node] = annotation.output_qspec
+    referenced = {target for spec in specs.values() for target in _references(spec)}
+    for producer, node in phantoms:
+        if (producer, node) not in referenced:
+            inputs = node.all_input_nodes
+            raise AnnotationError(
+                f"node {node.name!r}: input_qspec_map names {producer.name!r}, which is not one of its inputs "
+                f"{[n.name for n in inputs]}"
+            )
     for key, spec in specs.items():
         for target in _references(spec):
             if target not in specs:
