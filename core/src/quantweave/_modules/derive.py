@@ -44,6 +44,7 @@ the cache falls back to the quantizer object's identity.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import functools
@@ -151,10 +152,8 @@ def _without_identity(owner: object, attrs: dict[str, Any]) -> dict[str, Any]:
     """``attrs`` with strings that embed the owner's own ``id`` or ``hash`` (a per-object key,
     such as NNCF's ``MMQ_<hash>``) replaced: they name the object, not its configuration."""
     marks = {str(id(owner))}
-    try:
+    with contextlib.suppress(TypeError):  # an unhashable owner has only its id
         marks.add(str(hash(owner)))
-    except TypeError:
-        pass
     return {k: "<identity>" if isinstance(v, str) and any(m in v for m in marks) else v for k, v in attrs.items()}
 
 
