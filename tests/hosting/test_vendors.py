@@ -18,7 +18,10 @@ Per vendor and per model (conv-bn-relu, MLP, attention):
   shown by ``quantweave capabilities``.
 
 The plugin itself imports no vendor package when it loads, and imports litert-torch's
-quantizer module without running ``litert_torch/__init__``.
+quantizer module without running ``litert_torch/__init__``. Where a vendor fails under
+torchao too (Cortex-M on an export whose ``.module()`` keeps the ``_guards_fn`` call), the
+failure is recorded (strict xfail) and quantweave's error carries the vendor's message plus
+the quantizer and hook it came from.
 """
 
 from __future__ import annotations
@@ -253,3 +256,36 @@ def test_litert_quantizer_is_imported_past_the_package_init():
     # only the quantizer module and the helpers it imports: litert_torch/__init__ (the converter
     # stack) never ran, and no bare parent package is left behind
     assert loaded == ["litert_torch.quantize.pt2e_quantizer", "litert_torch.quantize.pt2e_quantizer_utils"]
+
+
+GUARDS = (
+    "Cortex-M's passes reject the _guards_fn call_module node that ExportedProgram.module() inserts, under torchao "
+    "too (ExportPassBaseError 'call_module is not supported'); .module(check_guards=False) avoids it"
+)
+
+
+def _guarded_mlp() -> tuple[torch.fx.GraphModule, torch.nn.Module, tuple[torch.Tensor, ...]]:
+    make_model, make_input = MODELS["mlp"]
+    model, args = make_model().eval(), make_input()
+    return torch.export.export(model, args).module(), model, args
+
+
+@pytest.mark.xfail(strict=True, reason=GUARDS)
+def test_cortex_m_on_a_guarded_export(manager):
+    gm, _, _ = _guarded_mlp()
+    qw.prepare_pt2e(gm, manager.get_quantizer("executorch-cortex-m"))
+
+
+def test_cortex_m_on_a_guarded_export_fails_in_torchao_too_and_ours_says_where(manager):
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+
+    gm, model, args = _guarded_mlp()
+    assert any(n.op == "call_module" and n.target == "_guards_fn" for n in gm.graph.nodes)
+    with pytest.raises(Exception) as theirs:
+        prepare_pt2e(gm, BY_NAME["executorch-cortex-m"].build())
+    with pytest.raises(type(theirs.value)) as ours:
+        qw.prepare_pt2e(torch.export.export(model, args).module(), manager.get_quantizer("executorch-cortex-m"))
+    # the vendor's own message, plus where it came from: the quantizer and the hook
+    assert "_guards_fn" in str(ours.value) and "_guards_fn" in str(theirs.value)
+    notes = " ".join(getattr(ours.value, "__notes__", []))
+    assert "executorch-cortex-m" in notes and "transform_for_annotation" in notes
