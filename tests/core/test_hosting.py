@@ -616,3 +616,12 @@ def test_a_foreign_quantizer_composes_with_a_native_one_and_leave_float_wraps_it
     prepared = qw.prepare_pt2e(export(model, *inputs), wrapped)
     second = [n for n in prepared.graph.nodes if n.target == aten.linear.default][1]
     assert KEY not in second.meta or not any(second.meta[KEY].input_qspec_map.values())
+
+
+def test_annotation_report_reads_a_graph_a_hosted_quantizer_annotated():
+    model, inputs = MODELS["mlp"]()
+    gm = export(model, *inputs)
+    quantizer = make_reference_quantizer(FOREIGN)
+    quantizer.annotate(gm)  # torchao's classes on the graph, no prepare
+    report = qw.annotation_report(gm, quantizer)
+    assert {row.node for row in report.nodes if row.status == "quantized"} >= {"linear", "linear_1"}

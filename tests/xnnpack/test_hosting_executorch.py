@@ -127,3 +127,25 @@ def test_exported_without_the_guards_node_too():
         prepared(*inputs)
         results.append(qw.convert_pt2e(prepared)(*inputs))
     assert torch.equal(*results)
+
+
+@pytest.mark.parametrize("order", ["vendor_first", "ours_first"])
+def test_executorch_quantizer_composes_with_quantweave_xnnpack(order):
+    import quantweave_xnnpack as qx
+
+    model = models.encoder_block().eval()
+    inputs = (torch.randn(1, 16, 64),)
+    config = CONFIGS["static_per_channel"]
+    ours = qx.XNNPACKQuantizer().set_global(qx.get_symmetric_quantization_config(**config))
+    members = [vendor(config), ours] if order == "vendor_first" else [ours, vendor(config)]
+    composed = qw.ComposableQuantizer(members)
+    prepared = qw.prepare_pt2e(torch.export.export(model, inputs).module(), composed)
+    prepared(*inputs)
+    converted = qw.convert_pt2e(prepared)
+    alone = qw.prepare_pt2e(torch.export.export(model, inputs).module(), members[0])
+    alone(*inputs)
+    alone = qw.convert_pt2e(alone)
+    by = {n.meta.get(qw.ANNOTATED_BY_KEY) for n in prepared.graph.nodes} - {None}
+    assert by == {composed.labels[0]}  # the first member claims every node it quantizes alone
+    assert qdq_count(converted) == qdq_count(alone) > 0
+    assert torch.equal(converted(*inputs), alone(*inputs))

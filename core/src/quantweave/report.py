@@ -47,9 +47,10 @@ from typing import TYPE_CHECKING, Any
 
 from torch.fx import GraphModule, Node
 
+from ._modules.foreign import is_annotation_like
 from ._modules.patterns import node_op
 from ._modules.text import render_table
-from .annotation import ANNOTATED_BY_KEY, ANNOTATION_KEY, SKIP_REASON_KEY, QuantizationAnnotation
+from .annotation import ANNOTATED_BY_KEY, ANNOTATION_KEY, SKIP_REASON_KEY
 from .capabilities import PATTERNS
 
 if TYPE_CHECKING:
@@ -213,14 +214,14 @@ class AnnotationReport:
         return self.to_table()
 
 
-def _is_quantized(annotation: object) -> bool:
-    return isinstance(annotation, QuantizationAnnotation) and (
+def _is_quantized(annotation: Any) -> bool:  # quantweave's annotations, or a hosted quantizer's (torchao's)
+    return is_annotation_like(annotation) and (
         annotation.output_qspec is not None or any(s is not None for s in annotation.input_qspec_map.values())
     )
 
 
-def _claimed(annotation: object) -> bool:
-    return isinstance(annotation, QuantizationAnnotation) and annotation._annotated
+def _claimed(annotation: Any) -> bool:
+    return is_annotation_like(annotation) and bool(getattr(annotation, "_annotated", False))
 
 
 class _Considered:
