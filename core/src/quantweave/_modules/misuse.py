@@ -136,7 +136,5 @@ def quantizer_members(quantizers: Any, quantizer_type: type) -> list[Any]:
             raise TypeError(message)
         if not isinstance(member, quantizer_type):
             hint = f" (build it with quantweave.get_quantizer({member!r}))" if isinstance(member, str) else ""
-            raise TypeError(
-                f"{where} member {index} must be a quantweave.Quantizer; got {type(member).__name__}{hint}"
-            )
+            raise TypeError(f"{where} member {index} must be a quantweave.Quantizer; got {type(member).__name__}{hint}")
     return members
