@@ -120,8 +120,9 @@ class LeaveFloat(Quantizer):
         reasons: Mapping[str, str] | None = None,
         float_inputs: bool = True,
     ) -> None:
-        if not isinstance(quantizer, Quantizer):
-            raise TypeError(f"LeaveFloat wraps a quantweave.Quantizer; got {type(quantizer).__name__}")
+        if isinstance(quantizer, type) or not isinstance(quantizer, Quantizer):
+            got = f"the class {quantizer.__name__} itself" if isinstance(quantizer, type) else type(quantizer).__name__
+            raise TypeError(f"LeaveFloat wraps a quantweave.Quantizer instance; got {got}")
         self.quantizer = quantizer
         self.nodes = tuple(dict.fromkeys(nodes))
         self.reasons = dict(reasons or {})

@@ -126,9 +126,11 @@ def quantizer_members(quantizers: Any, quantizer_type: type) -> list[Any]:
             f"{where} takes a list of quantizers; got a single {type(quantizers).__name__}: pass [quantizer] "
             "(or use the quantizer on its own)"
         )
-    if isinstance(quantizers, (str, bytes, type)) or not isinstance(quantizers, Iterable):
-        shown = quantizers.__name__ if isinstance(quantizers, type) else repr(quantizers)
-        raise TypeError(f"{where} takes a list of quantizer instances; got {type(quantizers).__name__} {shown}")
+    if isinstance(quantizers, type):
+        name = quantizers.__name__
+        raise TypeError(f"{where} takes a list of quantizer instances; got the class {name} itself: pass [{name}()]")
+    if isinstance(quantizers, (str, bytes)) or not isinstance(quantizers, Iterable):
+        raise TypeError(f"{where} takes a list of quantizer instances; got {type(quantizers).__name__} {quantizers!r}")
     members = list(quantizers)
     for index, member in enumerate(members):
         message = not_an_instance(member, f"{where} member {index}")

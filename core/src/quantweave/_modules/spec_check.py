@@ -112,6 +112,14 @@ def check_specs(gm: GraphModule, specs: dict[EdgeOrNode, QuantizationSpecBase], 
             _check_spec(group_spec, tensor, where)
 
 
+class _DefaultAxis(int):
+    """ch_axis=None: the observer's default axis, 0 (shown as such in messages)."""
+
+    def __repr__(self) -> str:
+        return "None (the observer's default, 0)"
+
+
+_DEFAULT_AXIS = _DefaultAxis(0)
 _CHECKED = (QuantizationSpec, DerivedQuantizationSpec, FixedQParamsQuantizationSpec)
 
 
@@ -130,7 +138,7 @@ def _check_spec(spec: Any, tensor: torch.Tensor | None, where: _Where) -> None:
     group_size = getattr(spec, "group_size", None)
     if is_per_channel(qscheme) or group_size is not None:
         axis = getattr(spec, "ch_axis", None)
-        _check_axis(0 if axis is None else axis, tensor, where, "ch_axis")
+        _check_axis(_DEFAULT_AXIS if axis is None else axis, tensor, where, "ch_axis")
     if group_size is not None:
         _check_group(group_size, tensor, where, "group_size")
 
@@ -222,11 +230,7 @@ def check_observer_kind(
     if not specs or (is_qat and any(getattr(spec, "per_token", False) for spec in specs.values())):
         return  # nothing observed; or per-token specs, which prepare_qat_pt2e refuses with its own error
     roots, concrete = group_specs(specs)
-    static = [
-        key
-        for key in specs
-        if isinstance(concrete[roots[key]], QuantizationSpec) and not concrete[roots[key]].is_dynamic  # type: ignore[attr-defined]
-    ]
+    static = [key for key in specs if _observes_statically(concrete[roots[key]])]
     fake = [key for key in static if isinstance(observers.get(key), FakeQuantizeBase)]
     plain = [key for key in static if key in observers and not isinstance(observers[key], FakeQuantizeBase)]
     if is_qat and plain:
@@ -256,3 +260,7 @@ def check_observer_kind(
             MisuseWarning,
             stacklevel=5,
         )
+
+
+def _observes_statically(spec: QuantizationSpecBase) -> bool:
+    return isinstance(spec, QuantizationSpec) and not spec.is_dynamic
