@@ -63,11 +63,9 @@ def _flag(environ: Mapping[str, str], variable: str, accepted: Mapping[str, bool
     value = environ.get(variable, "")
     flag = accepted.get(value.strip().lower())
     if flag is None:
-        true = "/".join(k for k, v in accepted.items() if v)
-        false = "/".join(k for k, v in accepted.items() if not v and k)
-        raise ValueError(
-            f"{variable}={value!r} is not understood; accepted values: {true} (on) or {false} or empty (off)"
-        )
+        true = ", ".join(k for k, v in accepted.items() if v)
+        false = ", ".join(k for k, v in accepted.items() if not v and k)
+        raise ValueError(f"{variable}={value!r} is not understood; accepted values: {true} (on) or {false}, empty (off)")
     return flag
 
 

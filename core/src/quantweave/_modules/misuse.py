@@ -50,12 +50,12 @@ def check_prepare_input(model: GraphModule, quantizer: object, api: str) -> None
 
 
 def _check_exported(model: GraphModule, api: str) -> None:
-    nodes = [n for n in model.graph.nodes if n.op in ("placeholder", "call_function")]
+    nodes = [n for n in model.graph.nodes if n.op != "output"]
     if not nodes or any("val" in n.meta for n in nodes):
         return
     raise ValueError(
         f"{api}: the GraphModule has no tensor metadata (node.meta['val'] is missing on all {len(nodes)} "
-        "input and op nodes), so it did not come from torch.export (torch.fx.symbolic_trace makes such graphs) and "
+        "of its nodes), so it did not come from torch.export (torch.fx.symbolic_trace makes such graphs) and "
         "no quantizer could match its ops; export the model with torch.export.export(model, args).module() and "
         f"pass that to {api}"
     )
