@@ -63,6 +63,14 @@ def test_strict_plugins_accepts_the_documented_values(value, strict):
     assert pm.plugins() == []
 
 
+def test_the_cli_reports_a_value_not_understood_and_exits_2(capsys):
+    from quantweave.cli import main
+
+    pm = PluginManager(entry_points=[], environ={ENV_STRICT: "maybe"})
+    assert main(["plugins"], manager=pm) == 2
+    assert f"quantweave: {ENV_STRICT}='maybe' is not understood" in capsys.readouterr().err
+
+
 def test_strict_plugins_unset_is_not_strict():
     assert PluginManager(entry_points=[], environ={}).strict is False
 

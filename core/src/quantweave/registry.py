@@ -65,7 +65,9 @@ def _flag(environ: Mapping[str, str], variable: str, accepted: Mapping[str, bool
     if flag is None:
         true = ", ".join(k for k, v in accepted.items() if v)
         false = ", ".join(k for k, v in accepted.items() if not v and k)
-        raise ValueError(f"{variable}={value!r} is not understood; accepted values: {true} (on) or {false}, empty (off)")
+        raise ValueError(
+            f"{variable}={value!r} is not understood; accepted values: {true} (on) or {false}, empty (off)"
+        )
     return flag
 
 

@@ -48,6 +48,17 @@ __all__ = ["build_checked_observers", "check_specs", "check_observers", "check_o
 Label = Callable[[EdgeOrNode], str]
 
 
+class _DefaultAxis(int):
+    """ch_axis=None: the observer's default axis, 0 (shown as such in messages)."""
+
+    def __repr__(self) -> str:
+        return "None (the observer's default, 0)"
+
+
+_DEFAULT_AXIS = _DefaultAxis(0)
+_CHECKED = (QuantizationSpec, DerivedQuantizationSpec, FixedQParamsQuantizationSpec)
+
+
 def build_checked_observers(
     gm: GraphModule, specs: dict[EdgeOrNode, QuantizationSpecBase], is_qat: bool, label: Label
 ) -> dict[EdgeOrNode, torch.nn.Module]:
@@ -110,17 +121,6 @@ def check_specs(gm: GraphModule, specs: dict[EdgeOrNode, QuantizationSpecBase], 
         if group_spec is not spec and isinstance(group_spec, _CHECKED):
             where = _Where(key, label(key), type(group_spec).__name__, first[id(group_spec)])
             _check_spec(group_spec, tensor, where)
-
-
-class _DefaultAxis(int):
-    """ch_axis=None: the observer's default axis, 0 (shown as such in messages)."""
-
-    def __repr__(self) -> str:
-        return "None (the observer's default, 0)"
-
-
-_DEFAULT_AXIS = _DefaultAxis(0)
-_CHECKED = (QuantizationSpec, DerivedQuantizationSpec, FixedQParamsQuantizationSpec)
 
 
 def _check_spec(spec: Any, tensor: torch.Tensor | None, where: _Where) -> None:
