@@ -1,6 +1,9 @@
 """Helpers shared by the test modules (fixtures stay in conftest.py)."""
 
+from __future__ import annotations
+
 import torch
+from torch.fx import GraphModule
 
 
 def export(model: torch.nn.Module, *args: torch.Tensor) -> torch.fx.GraphModule:
@@ -19,3 +22,25 @@ def spec_key(spec):
     ctr = spec.observer_or_fake_quant_ctr
     observer = getattr(getattr(ctr, "p", None), "func", ctr).__name__
     return (spec.dtype, spec.quant_min, spec.quant_max, spec.qscheme, spec.ch_axis, spec.is_dynamic, observer)
+
+
+class Snapshot:
+    """What a module looks like: generated code, its meta, node names and meta, attributes,
+    state (``differences`` lists what changed since)."""
+
+    def __init__(self, gm: GraphModule) -> None:
+        self.code = gm.code
+        self.meta = dict(gm.meta)
+        self.nodes = [(n.name, dict(n.meta)) for n in gm.graph.nodes]
+        self.attrs = sorted(name for name, _ in gm.named_modules()) + sorted(gm.state_dict())
+        self.state = {k: v.detach().clone() for k, v in gm.state_dict().items()}
+
+    @classmethod
+    def of(cls, gm: GraphModule) -> Snapshot:
+        return cls(gm)
+
+    def differences(self, gm: GraphModule) -> list[str]:
+        now = Snapshot(gm)
+        out = [what for what in ("code", "meta", "nodes", "attrs") if getattr(now, what) != getattr(self, what)]
+        out += [f"state {k!r}" for k, v in self.state.items() if not torch.equal(now.state.get(k, v + 1), v)]
+        return out

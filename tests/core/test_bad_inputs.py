@@ -25,30 +25,11 @@ from torch.fx import GraphModule, Node
 
 import quantweave as qw
 from quantweave.observers import MinMaxObserver
+from tests.helpers import Snapshot
 
 aten = torch.ops.aten
 KEY = "quantization_annotation"
 ACT = qw.QuantizationSpec(dtype=torch.uint8, observer_or_fake_quant_ctr=MinMaxObserver)
-
-
-class Snapshot:
-    """What a module looks like: generated code, node names and meta, attributes, state."""
-
-    def __init__(self, gm: GraphModule) -> None:
-        self.code = gm.code
-        self.nodes = [(n.name, dict(n.meta)) for n in gm.graph.nodes]
-        self.attrs = sorted(name for name, _ in gm.named_modules()) + sorted(gm.state_dict())
-        self.state = {k: v.detach().clone() for k, v in gm.state_dict().items()}
-
-    @classmethod
-    def of(cls, gm: GraphModule) -> Snapshot:
-        return cls(gm)
-
-    def differences(self, gm: GraphModule) -> list[str]:
-        now = Snapshot(gm)
-        out = [what for what in ("code", "nodes", "attrs") if getattr(now, what) != getattr(self, what)]
-        out += [f"state {k!r}" for k, v in self.state.items() if not torch.equal(now.state.get(k, v + 1), v)]
-        return out
 
 
 def clone_inputs(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:

@@ -209,6 +209,8 @@ def main(argv: Sequence[str] | None = None, manager: PluginManager | None = None
     p_new.add_argument("name", help="the plugin's name, e.g. 'acme' (distribution quantweave-acme)")
     p_new.add_argument("--dir", help="where to generate it (default: ./quantweave-NAME); must be absent or empty")
     args = parser.parse_args(argv)
+    if args.command != "new-plugin" and not _environment_understood(manager or default_manager()):
+        return 2
     if args.version:
         print(render_version(manager or default_manager()))
         return 0
@@ -228,6 +230,16 @@ def main(argv: Sequence[str] | None = None, manager: PluginManager | None = None
         return 2
     print(render_capabilities(manager, args.plugin, args.mode, args.json, args.details))
     return 0
+
+
+def _environment_understood(manager: PluginManager) -> bool:
+    """False (with the message on stderr) when a QUANTWEAVE_* variable holds a value not understood."""
+    try:
+        _ = manager.strict
+    except ValueError as exc:
+        print(f"quantweave: {exc}", file=sys.stderr)
+        return False
+    return True
 
 
 def _new_plugin(name: str, directory: str | None) -> int:

@@ -26,7 +26,8 @@ from torch.fx import GraphModule, Node
 
 from ._modules.conflicts import Snapshot, describe_change, snapshot
 from ._modules.derive import capabilities_of
-from ._modules.foreign import is_annotation_like, is_pt2e_quantizer
+from ._modules.foreign import is_annotation_like
+from ._modules.misuse import quantizer_members
 from ._modules.patterns import Chain, chain_of, embeddings
 from .annotation import ANNOTATED_BY_KEY, ANNOTATION_KEY, EdgeOrNode, QuantizationAnnotation
 from .capabilities import PATTERNS, PROBE_PRODUCERS, Capability, Mode, sort_capabilities
@@ -83,16 +84,9 @@ class ComposableQuantizer(Quantizer):
     """Chain quantizers; earlier members have priority over later ones."""
 
     def __init__(self, quantizers: Sequence[Quantizer]) -> None:
-        members = list(quantizers)
+        members = quantizer_members(quantizers, Quantizer)
         if not members:
             raise ValueError("ComposableQuantizer needs at least one quantizer; got an empty sequence")
-        for index, member in enumerate(members):
-            if not isinstance(member, Quantizer) and not is_pt2e_quantizer(member):
-                raise TypeError(
-                    f"ComposableQuantizer member {index} must be a quantweave.Quantizer; got {type(member).__name__} "
-                    "(an object with the PT2E quantizer hooks annotate, validate, transform_for_annotation and "
-                    "prepare_obs_or_fq_callback, such as a torchao Quantizer, is taken too)"
-                )
         labels = [quantizer_label(q) for q in members]
         self.labels = [f"{label}#{i}" if labels.count(label) > 1 else label for i, label in enumerate(labels)]
         self.quantizers = members

@@ -33,6 +33,7 @@ from ._modules.graph import (
     rebuild,
     set_attr_value,
 )
+from ._modules.misuse import warn_no_observers
 from ._modules.per_token import PER_TOKEN_ATTR
 from ._modules.qat_conv_bn import fold_simulated_conv_bn
 from ._modules.qtypes import dtype_range, integer_dtype, is_integer_dtype, is_per_channel
@@ -117,6 +118,8 @@ def convert_pt2e(model: GraphModule, fold_quantize: bool = True) -> GraphModule:
     observer_nodes = [
         n for n in gm.graph.nodes if n.op == "call_module" and is_observer_module(gm.get_submodule(str(n.target)))
     ]
+    if not observer_nodes:
+        warn_no_observers(gm)
     constant_cache: dict[Node, bool] = {}
     constant_values: dict[Node, Any] = {}
     _observe_constants(gm, observer_nodes, constant_cache, constant_values)

@@ -10,6 +10,7 @@ __all__ = [
     "ConvertError",
     "PluginError",
     "PluginWarning",
+    "MisuseWarning",
     "UnknownQuantizerError",
     "SerializationError",
     "DistributedSyncError",
@@ -45,6 +46,13 @@ class PluginError(RuntimeError):
 
 class PluginWarning(UserWarning):
     """A plugin was not loaded; the host carries on without it."""
+
+
+class MisuseWarning(UserWarning):
+    """A call or option that runs but most likely does not do what was meant: a config naming
+    a module the model does not have, converting a model that has no observers, a QAT
+    quantizer given to ``prepare_pt2e``. The message says what to do; make these errors with
+    ``warnings.filterwarnings("error", category=quantweave.MisuseWarning)``."""
 
 
 class UnknownQuantizerError(LookupError):

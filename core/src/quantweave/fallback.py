@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -120,10 +121,11 @@ class LeaveFloat(Quantizer):
         reasons: Mapping[str, str] | None = None,
         float_inputs: bool = True,
     ) -> None:
-        if not isinstance(quantizer, Quantizer) and not is_pt2e_quantizer(quantizer):
+        if isinstance(quantizer, type) or not (isinstance(quantizer, Quantizer) or is_pt2e_quantizer(quantizer)):
+            got = f"the class {quantizer.__name__} itself" if isinstance(quantizer, type) else type(quantizer).__name__
             raise TypeError(
-                "LeaveFloat wraps a quantweave.Quantizer (or an object with the PT2E quantizer hooks); "
-                f"got {type(quantizer).__name__}"
+                f"LeaveFloat wraps a quantweave.Quantizer instance; got {got} (an object with the PT2E quantizer "
+                "hooks, such as a torchao Quantizer, is taken too)"
             )
         self.quantizer = quantizer
         self.nodes = tuple(dict.fromkeys(nodes))
@@ -328,6 +330,25 @@ def _batches(data: Iterable[Any]) -> list[tuple[Any, ...]]:
     return [b if isinstance(b, tuple) else (b,) for b in data]
 
 
+def _score(evaluate: Callable[[GraphModule], float], model: GraphModule, which: str) -> float:
+    """``evaluate(model)`` as a float: a real number (int, float, numpy scalar, one-element
+    tensor), not NaN. TypeError / ValueError naming ``evaluate`` and what it returned."""
+    result = evaluate(model)
+    name = getattr(evaluate, "__qualname__", type(evaluate).__name__)
+    one_number = isinstance(result, torch.Tensor) and result.numel() == 1 and not result.is_complex()
+    if one_number or (isinstance(result, numbers.Real) and not isinstance(result, bool)):
+        value = float(result)
+    else:
+        shown = f"a tensor of shape {tuple(result.shape)}" if isinstance(result, torch.Tensor) else repr(result)
+        raise TypeError(
+            f"fallback: evaluate ({name}) must return a number (higher is better: accuracy, F1...); on {which} it "
+            f"returned {type(result).__name__} {shown}"
+        )
+    if math.isnan(value):
+        raise ValueError(f"fallback: evaluate ({name}) returned NaN on {which}; expected a number to compare")
+    return value
+
+
 def fallback(
     model: GraphModule,
     quantizer: Quantizer,
@@ -354,6 +375,11 @@ def fallback(
             f"fallback: model must be the exported float GraphModule (torch.export(...).module()); "
             f"got {type(model).__name__}"
         )
+    if isinstance(quantizer, type) or not isinstance(quantizer, Quantizer):
+        got = f"the class {quantizer.__name__} itself" if isinstance(quantizer, type) else type(quantizer).__name__
+        raise TypeError(f"fallback: quantizer must be a quantweave.Quantizer instance; got {got}")
+    if not callable(evaluate):
+        raise TypeError(f"fallback: evaluate must be callable (model -> score); got {type(evaluate).__name__}")
     if not isinstance(max_drop, (int, float)) or max_drop < 0:
         raise ValueError(f"fallback: max_drop must be a number >= 0; got {max_drop!r}")
     batches = _batches(calibration)
@@ -373,11 +399,11 @@ def fallback(
 
     def trial(float_units: Sequence[tuple[str, ...]], reasons: Mapping[str, str], action: str) -> tuple[Any, float]:
         converted = quantize(float_units, reasons)
-        score = float(evaluate(converted))
+        score = _score(evaluate, converted, f"the quantized model ({action})")
         steps.append(FallbackStep(tuple(n for u in float_units for n in u), score, action))
         return converted, score
 
-    float_score = float(evaluate(model))
+    float_score = _score(evaluate, model, "the float model")
     converted, quantized_score = trial([], {}, "all quantized")
     units_of = dict(last_wrapper[0].units)
 

@@ -31,6 +31,10 @@ targets>,<0.2`` (see :data:`PLUGIN_API_RELEASES`).
 re-exported here: :data:`ANNOTATION_KEY`, :data:`SKIP_REASON_KEY`,
 :data:`ANNOTATED_BY_KEY`, :func:`mark_annotated`, :func:`set_skip_reason`,
 :func:`is_annotated`.
+
+**Options that select by module** (``set_module_name``, ``set_module_type``) call
+:func:`warn_unknown_modules` from ``annotate``: a name or type no node of the model was
+traced in is warned about (:class:`~quantweave.errors.MisuseWarning`) with close matches.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from ._modules.module_names import warn_unknown_modules
 from .annotation import (
     ANNOTATED_BY_KEY,
     ANNOTATION_KEY,
@@ -70,6 +75,7 @@ __all__ = [
     "is_annotated",
     "mark_annotated",
     "set_skip_reason",
+    "warn_unknown_modules",
 ]
 
 #: The entry-point group, and the pluggy project name.

@@ -30,9 +30,11 @@ from ._modules.graph import (
     remap_annotations,
     set_attr_value,
 )
+from ._modules.misuse import PREPARED_KEY, check_prepare_input
 from ._modules.per_token import mark_per_token_observers
 from ._modules.qat_conv_bn import simulate_conv_bn
-from ._modules.sharing import build_observers, collect_specs, describe
+from ._modules.sharing import collect_specs, describe
+from ._modules.spec_check import build_checked_observers
 from .annotation import ANNOTATED_BY_KEY, ANNOTATION_KEY, EdgeOrNode, QuantizationAnnotation
 from .errors import AnnotationError
 
@@ -93,6 +95,7 @@ def _hook(quantizer: Quantizer, hook: str, api: str, *args: Any) -> Any:
 def _prepare(model: GraphModule, quantizer: Quantizer, is_qat: bool) -> GraphModule:
     api = "prepare_qat_pt2e" if is_qat else "prepare_pt2e"
     check_graph_module(model, api)
+    check_prepare_input(model, quantizer, api)
     _check_quantizer(quantizer, api)
     gm, node_map = copy_graph_module(model)
     # annotations made on the caller's graph before prepare name the caller's nodes: the
@@ -116,11 +119,12 @@ def _prepare(model: GraphModule, quantizer: Quantizer, is_qat: bool) -> GraphMod
         simulate_conv_bn(gm)
     specs = collect_specs(gm.graph)
     _check_observed_tensors(gm, specs, quantizer)
-    observers = build_observers(specs, is_qat=is_qat)
+    observers = build_checked_observers(gm, specs, is_qat, lambda key: _label(key, quantizer))
     mark_per_token_observers(specs, observers, is_qat, lambda key: _label(key, quantizer))
     _hook(quantizer, "prepare_obs_or_fq_callback", api, gm, observers)
     check_observers(observers, lambda key: _label(key, quantizer))
     _insert_observers(gm, observers)
+    gm.meta[PREPARED_KEY] = api
     return rebuild(gm)
 
 

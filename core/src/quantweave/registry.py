@@ -10,7 +10,12 @@ Environment variables (read when plugins are first loaded):
 
 ``QUANTWEAVE_DISABLE_PLUGINS=a,b``  do not load these plugins (status ``disabled``);
 ``QUANTWEAVE_LOAD_PLUGINS=a,b``     load only these (set and empty: load none);
-``QUANTWEAVE_STRICT_PLUGINS=1``     re-raise the first plugin failure instead of warning.
+``QUANTWEAVE_STRICT_PLUGINS=1``     re-raise the first plugin failure instead of warning
+                                    (``1``/``true``/``yes``/``on``; ``0``/``false``/``no``/``off``
+                                    or empty: warn; any other value raises ``ValueError``).
+
+Plugin names in the two lists are separated by commas; a name that is no installed plugin
+is warned about (with the installed names).
 
 Tests should use a fresh, isolated :class:`PluginManager` (``PluginManager(entry_points=[])``
 plus :meth:`PluginManager.register`) rather than whatever happens to be installed.
@@ -50,6 +55,22 @@ __all__ = [
 ENV_DISABLE = "QUANTWEAVE_DISABLE_PLUGINS"
 ENV_LOAD = "QUANTWEAVE_LOAD_PLUGINS"
 ENV_STRICT = "QUANTWEAVE_STRICT_PLUGINS"
+#: the values QUANTWEAVE_STRICT_PLUGINS accepts (case and surrounding spaces ignored)
+STRICT_VALUES = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False}
+STRICT_VALUES |= {"off": False, "": False}
+
+
+def _flag(environ: Mapping[str, str], variable: str, accepted: Mapping[str, bool]) -> bool:
+    """A boolean environment variable; ValueError naming it and the value not understood."""
+    value = environ.get(variable, "")
+    flag = accepted.get(value.strip().lower())
+    if flag is None:
+        true = ", ".join(k for k, v in accepted.items() if v)
+        false = ", ".join(k for k, v in accepted.items() if not v and k)
+        raise ValueError(
+            f"{variable}={value!r} is not understood; accepted values: {true} (on) or {false}, empty (off)"
+        )
+    return flag
 
 
 @dataclass(frozen=True)
@@ -147,7 +168,7 @@ class PluginManager:
     def strict(self) -> bool:
         if self._strict is not None:
             return self._strict
-        return self._environ.get(ENV_STRICT, "").strip().lower() in ("1", "true", "yes", "on")
+        return _flag(self._environ, ENV_STRICT, STRICT_VALUES)
 
     def hook_arguments(self, hook: str) -> dict[str, Any]:
         """The keyword arguments this core passes to ``hook`` (none in plugin API 1..2)."""
@@ -161,6 +182,7 @@ class PluginManager:
         queries see every plugin, the failed ones included."""
         if self._loaded:
             return
+        _ = self.strict  # a QUANTWEAVE_STRICT_PLUGINS value not understood raises before anything loads
         self._loaded = True
         entry_points = _installed_entry_points() if self._entry_points is None else self._entry_points
         disabled = _names(self._environ.get(ENV_DISABLE))
@@ -200,9 +222,10 @@ class PluginManager:
         known = ", ".join(sorted(installed)) or "none"
         for variable, names in ((ENV_DISABLE, disabled), (ENV_LOAD, allowed or set())):
             for name in sorted(names - installed):
+                separator = " (separate plugin names with commas)" if re.search(r"[\s;:|]", name) else ""
                 warnings.warn(
                     f"{variable} names {name!r}, which is not an installed quantweave plugin (installed plugins: "
-                    f"{known}); it has no effect",
+                    f"{known}){separator}; it has no effect",
                     PluginWarning,
                     stacklevel=4,
                 )
@@ -401,6 +424,14 @@ class PluginManager:
     def resolve(self, name: str) -> tuple[str, QuantizerInfo]:
         """``(plugin, info)`` for a bare or qualified quantizer name."""
         infos = self.quantizer_infos()
+        if not isinstance(name, str):
+            hint = ""
+            if isinstance(name, (Quantizer, type)):
+                hint = " (get_quantizer builds a quantizer from its name: pass a quantizer you have directly)"
+            raise TypeError(
+                f"quantizer name must be a str such as 'x86' or 'x86:x86'; got {type(name).__name__} {name!r}{hint}; "
+                f"available: {', '.join(sorted(infos)) or 'none'}"
+            )
         if name in infos:
             return name.split(":", 1)[0], infos[name]
         matches = [qualified for qualified in infos if qualified.split(":", 1)[1] == name]
@@ -441,6 +472,11 @@ class PluginManager:
             raise PluginError(
                 f"quantizer {plugin}:{info.name} (plugin {plugin!r}) failed to build: {type(exc).__name__}: {exc}"
             ) from exc
+        if isinstance(quantizer, type):
+            raise PluginError(
+                f"quantizer {plugin}:{info.name}: factory returned the class {quantizer.__name__}, not an instance "
+                f"(plugin {plugin!r}: the factory must build one, e.g. return {quantizer.__name__}(**options))"
+            )
         if not isinstance(quantizer, Quantizer) and not is_pt2e_quantizer(quantizer):
             raise PluginError(
                 f"quantizer {plugin}:{info.name}: factory returned {type(quantizer).__name__}, "

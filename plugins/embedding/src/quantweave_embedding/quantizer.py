@@ -41,7 +41,14 @@ from torch.fx import GraphModule, Node
 
 import quantweave as qw
 from quantweave.observers import PerChannelMinMaxObserver, PerGroupMinMaxObserver
-from quantweave.plugin_api import ANNOTATION_KEY, Capability, TensorQuant, mark_annotated, set_skip_reason
+from quantweave.plugin_api import (
+    ANNOTATION_KEY,
+    Capability,
+    TensorQuant,
+    mark_annotated,
+    set_skip_reason,
+    warn_unknown_modules,
+)
 
 from ._capabilities import declared_capabilities, weight_tensor_quant
 from ._half import HalfScalePerGroupMinMaxObserver
@@ -269,6 +276,8 @@ class EmbeddingQuantizer(qw.Quantizer):
     # -- annotation ----------------------------------------------------------------------------
 
     def annotate(self, model: GraphModule) -> GraphModule:
+        warn_unknown_modules(model, "set_module_name", self.module_name_config, quantizer=self.name)
+        warn_unknown_modules(model, "set_module_type", self.module_type_config, quantizer=self.name)
         for node in model.graph.nodes:
             if node.op != "call_function" or node.target != _EMBEDDING or qw.is_annotated(node):
                 continue

@@ -69,6 +69,7 @@ from quantweave.plugin_api import (
     is_annotated,
     mark_annotated,
     set_skip_reason,
+    warn_unknown_modules,
 )
 
 from ._capabilities import declared_capabilities
@@ -370,6 +371,7 @@ class X86InductorQuantizer(qw.Quantizer):
         return any(c is not None and c.is_qat for c in configs)
 
     def annotate(self, model: GraphModule) -> GraphModule:
+        warn_unknown_modules(model, "set_module_name_qconfig", self.module_name_qconfig, quantizer=self.name)
         qat = self._is_qat()
         for stage in self._stages():
             matmul = self.enable_matmul or stage.description != "global config"

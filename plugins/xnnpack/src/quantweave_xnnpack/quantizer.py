@@ -55,7 +55,13 @@ from quantweave.observers import (
     PerChannelMinMaxObserver,
     PlaceholderObserver,
 )
-from quantweave.plugin_api import ANNOTATION_KEY, Capability, mark_annotated, set_skip_reason
+from quantweave.plugin_api import (
+    ANNOTATION_KEY,
+    Capability,
+    mark_annotated,
+    set_skip_reason,
+    warn_unknown_modules,
+)
 
 from ._capabilities import declared_capabilities
 
@@ -722,6 +728,8 @@ class XNNPACKQuantizer(qw.Quantizer):
         return stages
 
     def annotate(self, model: GraphModule) -> GraphModule:
+        warn_unknown_modules(model, "set_module_name", self.module_name_config, quantizer=self.name)
+        warn_unknown_modules(model, "set_module_type", self.module_type_config, quantizer=self.name)
         patterns = _Patterns(model)
         for stage in self._stages():
             if stage.config is None and stage.description == "global config":

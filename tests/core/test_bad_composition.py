@@ -1,0 +1,155 @@
+"""Bad input when combining or wrapping quantizers (issue #20): ``ComposableQuantizer`` given
+one quantizer, a name, a class or a non-quantizer member, and ``fallback`` / ``LeaveFloat``
+given a class or an ``evaluate`` that returns no number. Each raises a TypeError /
+ValueError that says exactly that, and the caller's model is bit-identical afterwards."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import quantweave as qw
+from quantweave_x86 import X86InductorQuantizer
+from tests.helpers import Snapshot
+
+
+def _x86() -> X86InductorQuantizer:
+    return X86InductorQuantizer()
+
+
+#: (case, what is passed to ComposableQuantizer, regex the TypeError must match)
+COMPOSE_ERRORS = [
+    ("a single quantizer", _x86, r"takes a list of quantizers; got a single X86InductorQuantizer: pass \[quantizer\]"),
+    ("a quantizer name", lambda: "x86", r"takes a list of quantizer instances; got str 'x86'"),
+    (
+        "a class",
+        lambda: X86InductorQuantizer,
+        r"got the class X86InductorQuantizer itself: pass \[X86InductorQuantizer\(\)\]",
+    ),
+    ("a number", lambda: 3, r"takes a list of quantizer instances; got int 3"),
+    (
+        "a class among the members",
+        lambda: [_x86(), X86InductorQuantizer],
+        r"member 1 expects a quantizer instance; got the class X86InductorQuantizer itself: "
+        r"pass X86InductorQuantizer\(\)",
+    ),
+    (
+        "a name among the members",
+        lambda: ["x86"],
+        r"member 0 must be a quantweave.Quantizer; got str \(build it with quantweave.get_quantizer\('x86'\)\)",
+    ),
+    ("None among the members", lambda: [_x86(), None], r"member 1 must be a quantweave.Quantizer; got NoneType"),
+    ("a module among the members", lambda: [torch.nn.Linear(2, 2)], r"member 0 .*got Linear"),
+]
+
+
+@pytest.mark.parametrize(("case", "given", "message"), COMPOSE_ERRORS, ids=[c[0] for c in COMPOSE_ERRORS])
+def test_composable_quantizer_misuse_raises_type_error_saying_what_was_given(case, given, message):
+    with pytest.raises(TypeError, match=message):
+        qw.ComposableQuantizer(given())
+
+
+def test_an_empty_composition_raises_value_error():
+    with pytest.raises(ValueError, match=r"needs at least one quantizer; got an empty sequence"):
+        qw.ComposableQuantizer([])
+
+
+def test_a_tuple_or_generator_of_quantizers_composes():
+    for members in ((_x86(),), (q for q in [_x86()])):
+        assert qw.ComposableQuantizer(members).labels == ["x86"]
+
+
+# -- fallback and LeaveFloat -----------------------------------------------------------------
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.linear(x))
+
+
+X = torch.randn(8, 4)
+
+
+@pytest.fixture
+def caller():
+    gm = torch.export.export(Net().eval(), (X,)).module()
+    snapshot = Snapshot.of(gm)
+    yield gm
+    assert snapshot.differences(gm) == []
+
+
+#: (case, evaluate, exception, regex: names evaluate, the model it was called on and what it returned)
+EVALUATE_ERRORS = [
+    (
+        "returns None",
+        lambda m: None,
+        TypeError,
+        r"evaluate \(<lambda>\) must return a number.*float model.*NoneType None",
+    ),
+    ("returns a str", lambda m: "0.9", TypeError, r"must return a number.*returned str '0.9'"),
+    ("returns a list", lambda m: [0.9], TypeError, r"must return a number.*returned list \[0.9\]"),
+    ("returns a bool", lambda m: True, TypeError, r"must return a number.*returned bool True"),
+    ("returns a tensor of 2", lambda m: torch.ones(2), TypeError, r"returned Tensor a tensor of shape \(2,\)"),
+    ("returns NaN", lambda m: float("nan"), ValueError, r"evaluate \(<lambda>\) returned NaN on the float model"),
+]
+
+
+@pytest.mark.parametrize(("case", "evaluate", "error", "message"), EVALUATE_ERRORS, ids=[c[0] for c in EVALUATE_ERRORS])
+def test_fallback_evaluate_returning_no_number_raises_saying_so(caller, case, evaluate, error, message):
+    with pytest.raises(error, match=message):
+        qw.fallback(caller, _x86(), [X], evaluate, max_drop=0.01)
+
+
+def test_fallback_evaluate_failing_on_a_quantized_trial_names_the_trial(caller):
+    calls = []
+
+    def evaluate(model):
+        calls.append(model)
+        return 1.0 if len(calls) == 1 else None
+
+    with pytest.raises(
+        TypeError, match=r"evaluate \(.*evaluate\) must return a number.*the quantized model \(all quantized\)"
+    ):
+        qw.fallback(caller, _x86(), [X], evaluate, max_drop=0.01)
+
+
+def test_fallback_accepts_numbers_numpy_scalars_and_one_element_tensors(caller):
+    import numpy as np
+
+    for score in (1, 0.5, np.float32(0.5), torch.tensor(0.5), torch.tensor([0.5])):
+        result = qw.fallback(caller, _x86(), [X], lambda m, s=score: s, max_drop=0.01)
+        assert result.met and result.float_score == float(score)
+
+
+@pytest.mark.parametrize(
+    ("quantizer", "evaluate", "message"),
+    [
+        (
+            X86InductorQuantizer,
+            lambda m: 1.0,
+            r"fallback: quantizer must be a quantweave.Quantizer instance; got the class X86InductorQuantizer",
+        ),
+        ("x86", lambda m: 1.0, r"fallback: quantizer must be a quantweave.Quantizer instance; got str"),
+        (None, 0.9, r"fallback: quantizer must be"),
+    ],
+    ids=["class", "name", "None"],
+)
+def test_fallback_with_something_that_is_not_a_quantizer_raises_naming_it(caller, quantizer, evaluate, message):
+    with pytest.raises(TypeError, match=message):
+        qw.fallback(caller, quantizer, [X], evaluate, max_drop=0.01)
+
+
+def test_fallback_evaluate_that_is_not_callable_raises(caller):
+    with pytest.raises(TypeError, match=r"fallback: evaluate must be callable \(model -> score\); got float"):
+        qw.fallback(caller, _x86(), [X], 0.9, max_drop=0.01)
+
+
+def test_leave_float_around_a_class_raises_saying_so():
+    with pytest.raises(
+        TypeError, match=r"LeaveFloat wraps a quantweave.Quantizer instance; got the class X86InductorQuantizer itself"
+    ):
+        qw.LeaveFloat(X86InductorQuantizer, ["linear"])

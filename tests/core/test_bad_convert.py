@@ -1,0 +1,105 @@
+"""Bad input at convert (issue #20): converting what has no observers is no silent no-op.
+Each case asserts the exception or warning class, that the message names the misuse (and
+the node at fault where there is one), and that the model passed in is bit-identical
+afterwards (tests.helpers.Snapshot)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import quantweave as qw
+from tests.helpers import Snapshot
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv(x))
+
+
+X = torch.randn(2, 3, 8, 8)
+
+
+def _exported() -> torch.fx.GraphModule:
+    return torch.export.export(Net().eval(), (X,)).module()
+
+
+def _converted() -> torch.fx.GraphModule:
+    prepared = qw.prepare_pt2e(_exported(), qw.get_quantizer("x86"))
+    prepared(X)
+    return qw.convert_pt2e(prepared)
+
+
+def test_converting_a_model_that_was_never_prepared_warns_and_returns_a_float_copy():
+    gm = _exported()
+    before = Snapshot.of(gm)
+    with pytest.warns(qw.MisuseWarning, match=r"convert_pt2e: the model has no observers.*it was not prepared"):
+        converted = qw.convert_pt2e(gm)
+    assert torch.equal(converted(X), gm(X))
+    assert before.differences(gm) == []
+
+
+def test_converting_a_symbolically_traced_model_warns_that_it_was_not_prepared():
+    traced = torch.fx.symbolic_trace(Net().eval())
+    before = Snapshot.of(traced)
+    with pytest.warns(qw.MisuseWarning, match=r"no observers.*not prepared.*call prepare_pt2e"):
+        qw.convert_pt2e(traced)
+    assert before.differences(traced) == []
+
+
+def test_converting_twice_warns_naming_a_quantize_node():
+    converted = _converted()
+    before = Snapshot.of(converted)
+    with pytest.warns(qw.MisuseWarning, match=r"converted already \(it holds quantize/dequantize ops, e\.g\. '\w+'\)"):
+        again = qw.convert_pt2e(converted)
+    assert torch.equal(again(X), converted(X))
+    assert before.differences(converted) == []
+
+
+def test_a_prepared_model_whose_quantizer_annotated_nothing_converts_without_a_warning():
+    """Nothing to quantize is the quantizer's choice (annotation_report says why), not misuse."""
+
+    class Nothing(qw.Quantizer):
+        def annotate(self, model):
+            return model
+
+    prepared = qw.prepare_pt2e(_exported(), Nothing())
+    before = Snapshot.of(prepared)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", qw.MisuseWarning)
+        converted = qw.convert_pt2e(prepared)
+    assert torch.equal(converted(X), prepared(X))
+    assert before.differences(prepared) == []
+
+
+def test_a_calibrated_prepared_model_converts_without_a_warning():
+    prepared = qw.prepare_pt2e(_exported(), qw.get_quantizer("x86"))
+    prepared(X)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", qw.MisuseWarning)
+        converted = qw.convert_pt2e(prepared)
+    assert any(n.target in qw.quantize_ops() for n in converted.graph.nodes)
+
+
+@pytest.mark.parametrize("fold", [1, "yes", None])
+def test_fold_quantize_that_is_not_a_bool_raises_naming_the_value(fold):
+    prepared = qw.prepare_pt2e(_exported(), qw.get_quantizer("x86"))
+    prepared(X)
+    before = Snapshot.of(prepared)
+    with pytest.raises(TypeError, match=rf"fold_quantize must be a bool; got {fold!r}"):
+        qw.convert_pt2e(prepared, fold_quantize=fold)
+    assert before.differences(prepared) == []
+
+
+def test_an_uncalibrated_model_raises_naming_its_observers():
+    prepared = qw.prepare_pt2e(_exported(), qw.get_quantizer("x86"))
+    before = Snapshot.of(prepared)
+    with pytest.raises(qw.ObserverNotCalibratedError, match=r"activation_post_process_\d+"):
+        qw.convert_pt2e(prepared)
+    assert before.differences(prepared) == []

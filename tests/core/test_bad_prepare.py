@@ -1,0 +1,309 @@
+"""Bad input at prepare (issue #20): specs that do not fit the tensor they meet, observers
+built from them that would fail in calibration, and calls that cannot be meant or would do
+nothing. Each case asserts the exception (or warning) class, that the message names the
+offending edge / node, quantizer, field and value (or the object misused), and that the
+caller's model is bit-identical afterwards (tests.helpers.Snapshot)."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch.fx import GraphModule, Node
+
+import quantweave as qw
+from quantweave.observers import (
+    FakeQuantize,
+    FakeQuantizeBase,
+    FixedQParamsFakeQuantize,
+    MinMaxObserver,
+    PerChannelMinMaxObserver,
+    PerGroupMinMaxObserver,
+)
+from tests.helpers import Snapshot
+
+aten = torch.ops.aten
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.linear = torch.nn.Linear(4, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(torch.relu(self.conv(x)).mean((2, 3))).sum()
+
+
+X = torch.randn(2, 3, 8, 8)
+
+
+class Caller:
+    """An exported model and its snapshot: ``untouched()`` is True when nothing changed."""
+
+    def __init__(self, train: bool = False) -> None:
+        model = Net().train() if train else Net().eval()
+        self.gm = torch.export.export(model, (X,)).module()
+        self.snapshot = Snapshot.of(self.gm)
+
+    def untouched(self) -> bool:
+        return self.snapshot.differences(self.gm) == []
+
+
+class FnQuantizer(qw.Quantizer):
+    name = "corpus"
+
+    def __init__(self, fn: Callable[[GraphModule], None]) -> None:
+        self.fn = fn
+
+    def annotate(self, model: GraphModule) -> GraphModule:
+        self.fn(model)
+        return model
+
+
+def _node(gm: GraphModule, target: Any) -> Node:
+    return next(n for n in gm.graph.nodes if n.target == target)
+
+
+def _on(target: Any, where: int | str, spec: Any) -> Callable[[GraphModule], None]:
+    """Annotate input ``where`` (an argument index) or the output ("out") of the node of ``target``."""
+
+    def fn(gm: GraphModule) -> None:
+        node = _node(gm, target)
+        if where == "out":
+            qw.annotate_output_qspec(node, spec)
+        else:
+            qw.annotate_input_qspec_map(node, node.args[where], spec)
+
+    return fn
+
+
+def _spec(**fields: Any) -> qw.QuantizationSpec:
+    return qw.QuantizationSpec(**{"dtype": torch.int8, "observer_or_fake_quant_ctr": MinMaxObserver, **fields})
+
+
+def _bypassing_validation(spec: Any, **fields: Any) -> Any:
+    """A spec whose fields were set after construction (its own validation never saw them:
+    what a spec object translated from another library, or built with relaxed checks, may hold)."""
+    for name, value in fields.items():
+        object.__setattr__(spec, name, value)
+    return spec
+
+
+def _per_channel(ch_axis: int | None, ctr: Any = PerChannelMinMaxObserver) -> qw.QuantizationSpec:
+    spec = _spec(observer_or_fake_quant_ctr=ctr, qscheme=torch.per_channel_symmetric, ch_axis=ch_axis or 0)
+    return _bypassing_validation(spec, ch_axis=ch_axis)  # ch_axis=None: the observer's default (issue #29)
+
+
+def _grouped(group_size: int) -> qw.QuantizationSpec:
+    return _spec(
+        observer_or_fake_quant_ctr=PerGroupMinMaxObserver,
+        qscheme=torch.per_channel_symmetric,
+        ch_axis=0,
+        group_size=group_size,
+    )
+
+
+def _shared_bias_with_weight_axis_1(gm: GraphModule) -> None:
+    conv = _node(gm, aten.conv2d.default)
+    weight, bias = conv.args[1], conv.args[2]
+    qw.annotate_input_qspec_map(conv, weight, _per_channel(1))
+    qw.annotate_input_qspec_map(conv, bias, qw.SharedQuantizationSpec((weight, conv)))
+
+
+def _derived_bias_axis_1(gm: GraphModule) -> None:
+    linear = _node(gm, aten.linear.default)
+    qw.annotate_input_qspec_map(linear, linear.args[0], _spec())
+
+    def derive(observers: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.ones(6), torch.zeros(6, dtype=torch.int32)
+
+    derived = qw.DerivedQuantizationSpec(
+        [(linear.args[0], linear)], derive, torch.int32, qscheme=torch.per_channel_symmetric, ch_axis=1
+    )
+    qw.annotate_input_qspec_map(linear, linear.args[2], derived)
+
+
+conv, linear, total = aten.conv2d.default, aten.linear.default, aten.sum.default
+
+#: (case, annotate, regex the AnnotationError must match: edge or node, quantizer, field=value, allowed)
+SPEC_ERRORS = [
+    (
+        "ch_axis beyond the weight's dimensions",
+        _on(conv, 1, _per_channel(4)),
+        r"edge 'conv_weight' -> 'conv2d': quantizer 'corpus' set QuantizationSpec\.ch_axis=4; expected -4 to 3.*"
+        r"\(4, 3, 3, 3\)",
+    ),
+    ("negative ch_axis beyond", _on(conv, 1, _per_channel(-5)), r"'conv_weight' -> 'conv2d'.*ch_axis=-5.*-4 to 3"),
+    ("ch_axis 1 of a 1-D bias", _on(linear, 2, _per_channel(1)), r"'linear_bias' -> 'linear'.*ch_axis=1.*-1 to 0"),
+    (
+        "per-channel on a 0-d tensor (ch_axis None: the default 0)",
+        _on(total, "out", _per_channel(None)),
+        r"output of 'sum_1'.*ch_axis=None \(the observer's default, 0\).*0-d",
+    ),
+    (
+        "ch_axis set by the observer constructor",
+        _on(conv, 1, _per_channel(None, PerChannelMinMaxObserver.with_args(ch_axis=5))),
+        r"'conv_weight' -> 'conv2d'.*'corpus' built a PerChannelMinMaxObserver with ch_axis=5.*-4 to 3",
+    ),
+    (
+        "ch_axis that is not an int",
+        _on(conv, 1, _bypassing_validation(_per_channel(0), ch_axis="0")),
+        r"'conv_weight' -> 'conv2d'.*ch_axis='0'.*an int",
+    ),
+    ("group_size on a 4-D weight", _on(conv, 1, _grouped(3)), r"'conv_weight' -> 'conv2d'.*group_size=3.*2-D"),
+    (
+        "group_size not dividing the rows",
+        _on(linear, 1, _grouped(3)),
+        r"'linear_weight' -> 'linear'.*group_size=3.*divisor of the row length 4",
+    ),
+    (
+        "quant_max beyond the dtype",
+        _on(linear, 0, _bypassing_validation(_spec(), quant_max=300)),
+        r"edge 'mean' -> 'linear'.*quant_max=300.*\[-128, 127\], the range of torch\.int8",
+    ),
+    (
+        "quant_min above quant_max",
+        _on(linear, 0, _bypassing_validation(_spec(), quant_min=10, quant_max=5)),
+        r"'mean' -> 'linear'.*quant_min=10.*quant_min <= quant_max",
+    ),
+    (
+        "dtype that is not a torch.dtype",
+        _on(linear, 0, _bypassing_validation(_spec(), dtype="int8")),
+        r"'mean' -> 'linear'.*dtype='int8'.*torch\.dtype",
+    ),
+    (
+        "unknown qscheme",
+        _on(linear, 0, _bypassing_validation(_spec(), qscheme="affine")),
+        r"'mean' -> 'linear'.*qscheme='affine'.*per_tensor_affine",
+    ),
+    (
+        "dynamic per-channel",
+        _on(linear, 0, _bypassing_validation(_spec(is_dynamic=True), qscheme=torch.per_channel_affine, ch_axis=0)),
+        r"'mean' -> 'linear'.*qscheme=torch\.per_channel_affine.*per-tensor",
+    ),
+    (
+        "fixed zero point beyond the range",
+        _on(linear, "out", _bypassing_validation(qw.FixedQParamsQuantizationSpec(torch.uint8, 0.1, 0), zero_point=300)),
+        r"output of 'linear'.*FixedQParamsQuantizationSpec\.zero_point=300.*\[0, 255\]",
+    ),
+    (
+        "shared spec whose axis the sharing tensor lacks",
+        _shared_bias_with_weight_axis_1,
+        r"edge 'conv_bias' -> 'conv2d'.*ch_axis=1 \(the spec of edge 'conv_weight' -> 'conv2d', whose observer it "
+        r"shares\).*-1 to 0",
+    ),
+    ("derived spec with an axis beyond", _derived_bias_axis_1, r"'linear_bias' -> 'linear'.*Derived.*ch_axis=1"),
+]
+
+
+@pytest.mark.parametrize(("case", "annotate", "message"), SPEC_ERRORS, ids=[c[0] for c in SPEC_ERRORS])
+def test_a_spec_that_does_not_fit_its_tensor_raises_naming_edge_quantizer_field_and_value(case, annotate, message):
+    caller = Caller()
+    with pytest.raises(qw.AnnotationError, match=message) as info:
+        qw.prepare_pt2e(caller.gm, FnQuantizer(annotate))
+    assert type(info.value) is qw.AnnotationError, case
+    assert caller.untouched()
+
+
+def test_specs_of_non_integer_dtypes_are_not_range_checked_and_ch_axis_none_is_the_default():
+    """torchao-style placeholder dtypes (float8) are not held to an integer range, and a
+    per-channel spec with ch_axis=None takes the observer's default (0) without error."""
+    caller = Caller()
+
+    def annotate(gm: GraphModule) -> None:
+        _on(linear, 0, _bypassing_validation(_spec(), dtype=torch.float8_e4m3fn))(gm)
+        _on(conv, 1, _per_channel(None))(gm)
+
+    prepared = qw.prepare_pt2e(caller.gm, FnQuantizer(annotate))
+    observers = [m for m in prepared.modules() if isinstance(m, PerChannelMinMaxObserver)]
+    assert [o.ch_axis for o in observers] == [0]
+    assert caller.untouched()
+
+
+def test_a_good_spec_on_every_axis_prepares():
+    for axis in (-4, -1, 0, 3):
+        caller = Caller()
+        prepared = qw.prepare_pt2e(caller.gm, FnQuantizer(_on(conv, 1, _per_channel(axis))))
+        prepared(X)
+        qw.convert_pt2e(prepared)
+        assert caller.untouched()
+
+
+# -- calls that cannot be meant, or would do nothing -----------------------------------------
+
+
+def test_a_symbolically_traced_graph_module_raises_saying_to_export():
+    traced = torch.fx.symbolic_trace(Net().eval())
+    before = Snapshot.of(traced)
+    with pytest.raises(ValueError, match=r"prepare_pt2e: .*did not come from torch\.export.*symbolic_trace") as info:
+        qw.prepare_pt2e(traced, qw.get_quantizer("x86"))
+    assert "torch.export.export(model, args).module()" in str(info.value)
+    assert before.differences(traced) == []
+
+
+def test_preparing_a_prepared_model_raises_naming_an_observer():
+    caller = Caller()
+    prepared = qw.prepare_pt2e(caller.gm, qw.get_quantizer("x86"))
+    before = Snapshot.of(prepared)
+    for prepare in (qw.prepare_pt2e, qw.prepare_qat_pt2e):
+        with pytest.raises(
+            ValueError,
+            match=r"already prepared: it holds 4 observer\(s\), e.g. 'activation_post_process_\d+' observing 'conv_",
+        ):
+            prepare(prepared, qw.get_quantizer("x86"))
+    assert before.differences(prepared) == []
+    assert caller.untouched()
+
+
+@pytest.mark.parametrize("api", [qw.prepare_pt2e, qw.prepare_qat_pt2e], ids=["prepare_pt2e", "prepare_qat_pt2e"])
+def test_a_quantizer_class_instead_of_an_instance_raises_saying_so(api):
+    from quantweave_x86 import X86InductorQuantizer
+
+    caller = Caller()
+    with pytest.raises(TypeError, match=r"got the class X86InductorQuantizer itself: pass X86InductorQuantizer\(\)"):
+        api(caller.gm, X86InductorQuantizer)
+    assert caller.untouched()
+
+
+def test_qat_with_a_post_training_quantizer_raises_naming_the_quantizer_and_an_edge():
+    caller = Caller(train=True)
+    with pytest.raises(qw.AnnotationError, match=r"prepare_qat_pt2e: quantizer 'x86' builds plain observers.*edge '"):
+        qw.prepare_qat_pt2e(caller.gm, qw.get_quantizer("x86"))
+    assert caller.untouched()
+
+
+def test_qat_with_some_plain_observers_warns_naming_the_edge():
+    caller = Caller(train=True)
+    fake = _spec(observer_or_fake_quant_ctr=FakeQuantize.with_args(observer=MinMaxObserver))
+
+    def annotate(gm: GraphModule) -> None:
+        _on(linear, 0, fake)(gm)
+        _on(conv, 0, _spec())(gm)
+
+    with pytest.warns(qw.MisuseWarning, match=r"quantizer 'corpus' builds a plain observer \(MinMaxObserver\) for "):
+        prepared = qw.prepare_qat_pt2e(caller.gm, FnQuantizer(annotate))
+    assert isinstance(prepared, GraphModule)
+    assert caller.untouched()
+
+
+def test_prepare_pt2e_with_fake_quantizers_warns_naming_the_quantizer():
+    caller = Caller()
+    with pytest.warns(qw.MisuseWarning, match=r"prepare_pt2e: quantizer 'x86' builds fake-quantizers.*prepare_qat"):
+        qw.prepare_pt2e(caller.gm, qw.get_quantizer("x86", is_qat=True))
+    assert caller.untouched()
+
+
+def test_ptq_and_qat_with_matching_quantizers_do_not_warn():
+    fixed = qw.FixedQParamsQuantizationSpec(torch.uint8, 1 / 256, 0)  # a FixedQParamsFakeQuantize in QAT
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", qw.MisuseWarning)
+        ptq = qw.prepare_pt2e(Caller().gm, qw.get_quantizer("x86"))
+        qat = qw.prepare_qat_pt2e(Caller(train=True).gm, qw.get_quantizer("x86", is_qat=True))
+        fixed_qat = qw.prepare_qat_pt2e(Caller(train=True).gm, FnQuantizer(_on(linear, "out", fixed)))
+    assert not any(isinstance(m, FakeQuantize) for m in ptq.modules())
+    assert any(isinstance(m, FakeQuantizeBase) for m in qat.modules())
+    assert any(isinstance(m, FixedQParamsFakeQuantize) for m in fixed_qat.modules())
