@@ -343,3 +343,25 @@ def test_rebin_histogram_is_what_the_observer_does_when_a_batch_widens_its_range
     assert torch.equal(same, histogram)  # the same range: unchanged
     point = torch_compat.rebin_histogram(observer, torch.full((256,), 0.5), lo, lo, new_lo, new_hi)
     assert float(point.sum()) == 128.0 and int((point > 0).sum()) == 1  # a one-value range: one bin
+
+
+# -- 8. fake_value -----------------------------------------------------------------------------------
+
+
+def test_fake_value_is_a_fake_tensor_of_the_graphs_fake_mode():
+    gm = torch.export.export(torch.nn.Linear(4, 3).eval(), (torch.randn(2, 4),)).module()
+    recorded = next(n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder")
+    mode = getattr(recorded, "fake_mode", None)
+    assert mode is not None and callable(getattr(mode, "from_tensor", None)), changed(
+        "FakeTensor.fake_mode / FakeTensorMode.from_tensor", "fake_value", "torch.export's values have no fake mode"
+    )
+    value = torch.randn(5, 4, dtype=torch.float64)
+    fake = torch_compat.fake_value(gm.graph, value)
+    assert type(fake).__name__ == "FakeTensor" and fake.fake_mode is mode
+    assert (fake.shape, fake.stride(), fake.dtype, fake.device) == (
+        value.shape,
+        value.stride(),
+        value.dtype,
+        value.device,
+    )
+    assert torch_compat.fake_value(torch.fx.symbolic_trace(torch.nn.ReLU()).graph, value) is None
