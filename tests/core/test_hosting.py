@@ -605,6 +605,32 @@ def test_a_vendor_leaving_annotated_unset_is_named_with_the_order_that_composes(
     qw.convert_pt2e(prepared)
 
 
+class NativeRelu(qw.Quantizer):
+    """A quantweave quantizer that annotates the relu with quantweave's helpers."""
+
+    name = "native"
+
+    def annotate(self, model):
+        qw.annotate_output_qspec(
+            _relu(model), qw.QuantizationSpec(dtype=torch.int8, observer_or_fake_quant_ctr=MinMaxObserver)
+        )
+        return model
+
+    def validate(self, model):
+        pass
+
+
+def test_a_native_member_after_a_vendor_leaving_annotated_unset_gets_the_order_that_composes():
+    # the vendor's annotations are translated after its annotate: the next member reads quantweave's
+    # classes (not a TypeError about torchao's class) and its change is named as a conflict
+    composed = qw.ComposableQuantizer([Named("openvino_like", _claim_relu(False)), NativeRelu()])
+    model, inputs = MODELS["mlp"]()
+    with pytest.raises(qw.AnnotationConflictError, match=r"left _annotated unset.*put 'native' before 'openvino_like'"):
+        qw.prepare_pt2e(export(model, *inputs), composed)
+    prepared = qw.prepare_pt2e(export(model, *inputs), qw.ComposableQuantizer([NativeRelu(), composed.quantizers[0]]))
+    assert _relu(prepared).meta[qw.ANNOTATED_BY_KEY] == "native"
+
+
 def test_a_foreign_quantizer_composes_with_a_native_one_and_leave_float_wraps_it():
     model, inputs = MODELS["mlp"]()
     composed = qw.ComposableQuantizer([Named("vendor", _claim_relu(True)), make_reference_quantizer()])

@@ -17,6 +17,7 @@ composed quantizer can prepare any number of models, and each report reads its o
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -26,7 +27,7 @@ from torch.fx import GraphModule, Node
 
 from ._modules.conflicts import Snapshot, describe_change, snapshot
 from ._modules.derive import capabilities_of
-from ._modules.foreign import is_annotation_like
+from ._modules.foreign import is_annotation_like, translate_annotations
 from ._modules.misuse import quantizer_members
 from ._modules.patterns import Chain, chain_of, embeddings
 from .annotation import ANNOTATED_BY_KEY, ANNOTATION_KEY, EdgeOrNode, QuantizationAnnotation
@@ -78,6 +79,11 @@ def _value(annotation: Any) -> _Snapshot:
 def _changed_fields(before: _Snapshot, after: _Snapshot) -> list[str]:
     names = ("input_qspec_map", "output_qspec", "allow_implicit_sharing", "_annotated")
     return [name for name, a, b in zip(names, before, after, strict=True) if a != b]
+
+
+def _owner(seen: dict[Node, tuple[Any, Any, str]], label: str, node: Node) -> str:
+    """The member that annotated ``node`` (``label``, the member just run, for a new annotation)."""
+    return seen[node][2] if node in seen else label
 
 
 class ComposableQuantizer(Quantizer):
@@ -142,6 +148,13 @@ class ComposableQuantizer(Quantizer):
                     f"{node.name!r} ({describe_change(value, after)}); a later quantizer must skip nodes an earlier "
                     f"one annotated (check quantweave.is_annotated){hint}"
                 )
+            if not isinstance(member, Quantizer):
+                # a hosted (torchao) member: later members read and write quantweave's classes
+                translate_annotations(model.graph, functools.partial(_owner, seen, label))
+                for node, (annotation, _, owner) in list(seen.items()):
+                    current = node.meta.get(ANNOTATION_KEY)
+                    if current is not annotation and current is not None:
+                        seen[node] = (current, _value(current), owner)
             for node in model.graph.nodes:
                 annotation = node.meta.get(ANNOTATION_KEY)
                 if node not in seen and is_annotation_like(annotation):
