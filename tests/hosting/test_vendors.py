@@ -110,27 +110,12 @@ def test_quantize_dequantize_count_equals_torchaos(manager, name, model):
     assert result.quantweave_qdq == result.torchao_qdq, result
 
 
-#: vendor -> why composing it with quantweave-xnnpack after it fails (see the closing note)
-COMPOSE_FAILS = {
-    "executorch-openvino": (
-        "OpenVINO leaves _annotated unset, so quantweave-xnnpack (after it) annotates the same nodes and its "
-        "annotation helper meets OpenVINO's torchao QuantizationAnnotation: TypeError 'must be a "
-        "QuantizationAnnotation; got QuantizationAnnotation' from the core's annotation.py (ComposableQuantizer "
-        "does not translate a member's annotations before the next member runs)"
-    ),
-}
+#: vendors that leave ``_annotated`` unset: a later member cannot see their nodes are taken
+UNMARKED = ("executorch-openvino",)
 
 
 @pytest.mark.parametrize("model", list(MODELS))
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=TypeError, reason=COMPOSE_FAILS[n]))
-        if n in COMPOSE_FAILS
-        else n
-        for n in NAMES
-    ],
-)
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in UNMARKED])
 def test_vendor_then_quantweave_xnnpack_composes(manager, name, model):
     composed = qw.ComposableQuantizer([manager.get_quantizer(name), manager.get_quantizer("xnnpack")])
     converted = run_quantweave(composed, model)
@@ -139,6 +124,17 @@ def test_vendor_then_quantweave_xnnpack_composes(manager, name, model):
     alone = _parity(manager, name, model)
     assert qdq_count(converted) >= alone.quantweave_qdq > 0 or alone.quantweave_qdq == 0
     assert qdq_count(converted) > 0  # what the vendor leaves (Vulkan: the conv) xnnpack quantizes
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("name", UNMARKED)
+def test_a_vendor_leaving_annotated_unset_is_named_with_the_order_that_composes(manager, name, model):
+    """OpenVINO leaves ``_annotated`` unset, so quantweave-xnnpack after it re-annotates its
+    nodes: the conflict names both, the node, and the order that composes."""
+    composed = qw.ComposableQuantizer([manager.get_quantizer(name), manager.get_quantizer("xnnpack")])
+    gm, _, _ = exported(model)
+    with pytest.raises(AnnotationConflictError, match=rf"left _annotated unset.*put 'xnnpack' before '{name}'"):
+        qw.prepare_pt2e(gm, composed)
 
 
 @pytest.mark.parametrize("name", REANNOTATE)

@@ -148,9 +148,9 @@ class ComposableQuantizer(Quantizer):
                     f"{node.name!r} ({describe_change(value, after)}); a later quantizer must skip nodes an earlier "
                     f"one annotated (check quantweave.is_annotated){hint}"
                 )
-            if not isinstance(member, Quantizer):
-                # a hosted (torchao) member: later members read and write quantweave's classes
-                translate_annotations(model.graph, functools.partial(_owner, seen, label))
+            # a hosted (torchao) member's annotations, also through a wrapper: later members read and
+            # write quantweave's classes (translation leaves quantweave's own annotations as they are)
+            if translate_annotations(model.graph, functools.partial(_owner, seen, label)):
                 for node, (annotation, _, owner) in list(seen.items()):
                     current = node.meta.get(ANNOTATION_KEY)
                     if current is not annotation and current is not None:
