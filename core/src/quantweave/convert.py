@@ -7,7 +7,8 @@ The result is the *reference* representation that backends pattern-match:
 Constant inputs (weights, biases, and any transform of them) are quantized here, once, so
 the converted model stores int8 weights followed by a ``dequantize`` node. Every user of a
 dequantized tensor gets its own ``dequantize`` node, so each consumer can be fused
-independently.
+independently -- except a dynamically quantized tensor, whose one run-time
+choose_qparams -> quantize -> dequantize is shared by its users.
 
 Contract: the prepared model is not mutated; the same calibrated model can be converted
 again (e.g. with ``fold_quantize=False``).
@@ -22,6 +23,14 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
+from ._modules.convert_rules import (
+    convert_hook,
+    is_dynamic_dequantize,
+    is_placeholder,
+    mutable_attr_nodes,
+    port_quantization_tags,
+    replace_placeholder,
+)
 from ._modules.graph import (
     check_graph_module,
     copy_graph_module,
@@ -114,10 +123,9 @@ def convert_pt2e(model: GraphModule, fold_quantize: bool = True) -> GraphModule:
         raise TypeError(f"convert_pt2e: fold_quantize must be a bool; got {fold_quantize!r}")
     gm, _ = copy_graph_module(model)
     fold_simulated_conv_bn(gm)
-    observer_nodes = [
-        n for n in gm.graph.nodes if n.op == "call_module" and is_observer_module(gm.get_submodule(str(n.target)))
-    ]
-    constant_cache: dict[Node, bool] = {}
+    observer_nodes = [n for n in gm.graph.nodes if n.op == "call_module" and _is_observer(gm, n)]
+    before = set(gm.graph.nodes)
+    constant_cache: dict[Node, bool] = mutable_attr_nodes(gm.graph)  # written in place: never folded
     constant_values: dict[Node, Any] = {}
     _observe_constants(gm, observer_nodes, constant_cache, constant_values)
     _check_calibrated(gm, observer_nodes)
@@ -126,6 +134,10 @@ def convert_pt2e(model: GraphModule, fold_quantize: bool = True) -> GraphModule:
     qparams_cache: dict[int, tuple[Any, Any]] = {}
     for node in observer_nodes:
         module = gm.get_submodule(str(node.target))
+        hook = convert_hook(module)
+        if hook is not None:  # an observer that converts itself (torchao's affine observers)
+            hook(gm, node)
+            continue
         source = node.args[0]
         assert isinstance(source, Node)
         fold = fold_quantize and is_constant(source, constant_cache)
@@ -134,7 +146,13 @@ def convert_pt2e(model: GraphModule, fold_quantize: bool = True) -> GraphModule:
             folded_inputs.append(source)
     erase_dead(gm.graph, folded_inputs)  # float weight chains the folding left without users
     _one_dequantize_per_user(gm)
+    port_quantization_tags(gm.graph, [n for n in gm.graph.nodes if n not in before], dequantize_ops())
     return rebuild(gm)
+
+
+def _is_observer(gm: GraphModule, node: Node) -> bool:
+    module = gm.get_submodule(str(node.target))
+    return is_observer_module(module) or convert_hook(module) is not None
 
 
 def _observe_constants(
@@ -222,10 +240,8 @@ def _replace_observer(
     assert isinstance(source, Node)
     name = str(node.target)
     dtype, qscheme, quant_min, quant_max = _quant_settings(module)
-    if not is_integer_dtype(dtype):
-        # float "observers" (e.g. a float PlaceholderObserver) mean: leave the tensor as is
-        node.replace_all_uses_with(source)
-        graph.erase_node(node)
+    if is_placeholder(dtype):  # a float PlaceholderObserver: the tensor stays float
+        replace_placeholder(graph, node, source, dtype)
         return
     dq_kwargs: dict[str, Any] = {}
     val = source.meta.get("val")
@@ -353,8 +369,8 @@ def _qparams(module: torch.nn.Module, name: str, source: Node) -> tuple[Any, Any
 def _one_dequantize_per_user(gm: GraphModule) -> None:
     graph = gm.graph
     for node in list(graph.nodes):
-        if node.op != "call_function" or node.target not in dequantize_ops():
-            continue
+        if node.op != "call_function" or node.target not in dequantize_ops() or is_dynamic_dequantize(node):
+            continue  # (a dynamically quantized tensor keeps one dequantize, shared by its users)
         users = list(node.users)
         for user in users[1:]:
             with graph.inserting_after(node):

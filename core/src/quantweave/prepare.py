@@ -29,6 +29,7 @@ from ._modules.graph import (
     set_attr_value,
 )
 from ._modules.per_token import mark_per_token_observers
+from ._modules.prepare_rules import drop_in_place_destinations
 from ._modules.qat_conv_bn import simulate_conv_bn
 from ._modules.sharing import build_observers, collect_specs, describe
 from .annotation import ANNOTATED_BY_KEY, ANNOTATION_KEY, EdgeOrNode, QuantizationAnnotation
@@ -116,7 +117,7 @@ def _prepare(model: GraphModule, quantizer: Quantizer, is_qat: bool) -> GraphMod
     observers = build_observers(specs, is_qat=is_qat)
     mark_per_token_observers(specs, observers, is_qat, lambda key: _label(key, quantizer))
     _hook(quantizer, "prepare_obs_or_fq_callback", api, gm, observers)
-    _insert_observers(gm, observers)
+    _insert_observers(gm, drop_in_place_destinations(observers))  # a written buffer is written itself
     return rebuild(gm)
 
 
