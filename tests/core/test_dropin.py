@@ -11,7 +11,7 @@ import torch
 
 import quantweave as qw
 from quantweave.convert import choose_qparams_ops, dequantize_ops, quantize_ops
-from quantweave.observers import MinMaxObserver, PerChannelMinMaxObserver, PlaceholderObserver
+from quantweave.observers import FakeQuantizeBase, MinMaxObserver, PerChannelMinMaxObserver, PlaceholderObserver
 from tests.helpers import export
 from tests.seed_tutorial import TutorialNet, build, quantweave_names
 
@@ -345,3 +345,176 @@ def test_observer_convert_hook_is_honoured():
     assert len(calls(converted, aten.round.default)) == 1
     assert torch.equal(converted(x), model(x.round()))
     assert any(n.op == "call_module" for n in prepared.graph.nodes if "activation_post_process" in str(n.target))
+
+
+# -- QAT convert after a pass rebuilt the batch norm (torchao's move_exported_model_to_eval does)
+
+
+class ConvBn(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return self.bn(self.conv(x))
+
+
+def test_qat_convert_finds_a_batch_norm_rebuilt_after_prepare():
+    from tests.core.test_qat import ConvBnQATQuantizer
+
+    torch.manual_seed(0)
+    prepared = qw.prepare_qat_pt2e(
+        torch.export.export(ConvBn().train(), (torch.randn(2, 3, 8, 8),)).module(), ConvBnQATQuantizer()
+    )
+    for _ in range(3):
+        prepared(torch.randn(2, 3, 8, 8))
+    graph = prepared.graph
+    (bn,) = calls(prepared, aten.batch_norm.default)
+    with graph.inserting_after(bn):  # a new node in eval mode, under a new name
+        args = list(bn.args)
+        args[5] = False
+        rebuilt = graph.call_function(aten.batch_norm.default, tuple(args))
+    bn.replace_all_uses_with(rebuilt)
+    graph.erase_node(bn)
+    prepared.recompile()
+    converted = qw.convert_pt2e(prepared)
+    assert not calls(converted, aten.batch_norm.default)  # folded into the conv
+    for module in prepared.modules():  # the simulation with its qparams frozen
+        if isinstance(module, FakeQuantizeBase):
+            module.disable_observer()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(converted(x), prepared(x), rtol=1e-5, atol=1e-5)
+
+
+# -- eval() / train() on prepared and converted models
+
+
+def test_eval_and_train_raise_pointing_at_the_move_helpers():
+    model, x = TwoLinears().eval(), torch.randn(3, 8)
+    prepared, converted = run_flow(model, (x,), OneSpec(aten.linear.default, input_spec=int8_act()))
+    for gm in (prepared, converted):
+        for call in (gm.eval, gm.train):
+            with pytest.raises(NotImplementedError, match="move_exported_model_to_eval"):
+                call()
+    assert qw.allow_exported_model_train_eval(prepared) is prepared
+    prepared.eval()
+    assert prepared.training is False
+    prepared.train()
+    assert prepared.training is True
+
+
+# -- batch-norm folding coverage
+
+
+class PaddedConvBn(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = torch.nn.Conv2d(3, 4, 3, padding="same"), torch.nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)))
+
+
+def _randomise_bn(bn):
+    with torch.no_grad():
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+        bn.weight.uniform_(0.5, 2)
+
+
+def test_conv_with_string_padding_folds_its_batch_norm():
+    model, x = PaddedConvBn().eval(), torch.randn(1, 3, 8, 8)
+    _randomise_bn(model.bn)
+    exported = export(model, x)
+    assert calls(exported, aten.conv2d.padding)
+    prepared = qw.prepare_pt2e(exported, OneSpec(aten.conv2d.padding))
+    assert not calls(prepared, aten.batch_norm.default)
+    assert torch.allclose(prepared(x), model(x), atol=1e-5)
+
+
+def test_linear_batch_norm_over_a_3d_output_is_left_with_a_warning():
+    model, x = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.BatchNorm1d(5)).eval(), torch.randn(2, 5, 3)
+    _randomise_bn(model[1])
+    with pytest.warns(UserWarning, match=r"Not fusing linear\+bn: 'linear'.*'batch_norm'"):
+        prepared = qw.prepare_pt2e(export(model, x), OneSpec(aten.linear.default))
+    assert calls(prepared, aten.batch_norm.default)
+    assert torch.allclose(prepared(x), model(x), atol=1e-5)
+
+
+class ChunkedConvBn(torch.nn.Module):
+    """One conv and batch norm applied to each chunk of the input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        return torch.cat([torch.relu(self.bn(self.conv(c))) for c in torch.chunk(x, 3, dim=1)], dim=1)
+
+
+def test_chunked_batch_norms_fold_and_every_node_keeps_meta():
+    model, x = ChunkedConvBn().eval(), torch.rand(1, 3, 8, 8)
+    _randomise_bn(model.bn)
+    prepared = qw.prepare_pt2e(export(model, x), OneSpec(aten.conv2d.default, input_spec=int8_act()))
+    assert not calls(prepared, aten.batch_norm.default)
+    folded = [n for n in prepared.graph.nodes if n.op == "get_attr" and "_folded_" in str(n.target)]
+    assert len(folded) == 6 and all("nn_module_stack" in n.meta for n in folded)
+    assert all(n.meta for n in prepared.graph.nodes if n.op != "output")
+    assert torch.allclose(prepared(x), model(x), atol=0.05)
+
+
+# -- control flow: scan / while_loop bodies are quantized, other subgraphs warn
+
+
+class ScanLinear(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(5, 5)
+
+    def forward(self, x, init):
+        from torch._higher_order_ops.scan import scan
+
+        def combine_fn(carry, x_slice):
+            out = self.linear(x_slice)
+            return carry + out, out
+
+        return scan(combine_fn, init=init, xs=x, dim=0)[1]
+
+
+def _body(gm, op, index):
+    (node,) = calls(gm, op)
+    return gm.get_submodule(str(node.args[index].target))
+
+
+def test_scan_body_is_prepared_and_converted():
+    torch.manual_seed(0)
+    model, inputs = ScanLinear().eval(), (torch.randn(3, 5), torch.zeros(5))
+    exported = torch.export.export(model, inputs).module()
+    original_body = _body(exported, torch.ops.higher_order.scan, 0)
+    quantizer = OneSpec(aten.linear.default, input_spec=int8_act(), output_spec=int8_act())
+    prepared = qw.prepare_pt2e(exported, quantizer)
+    body = _body(prepared, torch.ops.higher_order.scan, 0)
+    assert sum("activation_post_process" in str(n.target) for n in body.graph.nodes) == 2
+    assert not any("activation_post_process" in str(n.target) for n in original_body.graph.nodes)  # caller's intact
+    with torch.no_grad():
+        prepared(*inputs)
+    converted = qw.convert_pt2e(prepared)
+    body = _body(converted, torch.ops.higher_order.scan, 0)
+    assert len(calls(body, qd.quantize_per_tensor.default)) == 2
+    assert torch.allclose(converted(*inputs), model(*inputs), atol=0.05)
+
+
+class CondLinear(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(5, 5)
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: self.linear(x), lambda x: x * 2, (x,))
+
+
+def test_a_cond_branch_left_float_is_named_in_a_warning():
+    exported = torch.export.export(CondLinear().eval(), (torch.randn(2, 5),)).module()
+    with pytest.warns(UserWarning, match=r"subgraph 'true_graph_0' of 'cond'.*stay float"):
+        qw.prepare_pt2e(exported, OneSpec(aten.linear.default, input_spec=int8_act()))

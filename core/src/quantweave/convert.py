@@ -43,12 +43,14 @@ from ._modules.graph import (
     set_attr_value,
 )
 from ._modules.per_token import PER_TOKEN_ATTR
+from ._modules.prepare_rules import map_subgraphs
 from ._modules.qat_conv_bn import fold_simulated_conv_bn
 from ._modules.qtypes import dtype_range, integer_dtype, is_integer_dtype, is_per_channel
 from ._modules.torch_compat import quantized_decomposed_ops
 from .annotation import PER_TOKEN_RANGE
 from .errors import ConvertError, ObserverNotCalibratedError
 from .observers import is_calibrated, is_observer_module
+from .training import disallow_eval_train
 
 __all__ = [
     "choose_qparams_ops",
@@ -122,6 +124,7 @@ def convert_pt2e(model: GraphModule, fold_quantize: bool = True) -> GraphModule:
     if not isinstance(fold_quantize, bool):
         raise TypeError(f"convert_pt2e: fold_quantize must be a bool; got {fold_quantize!r}")
     gm, _ = copy_graph_module(model)
+    map_subgraphs(gm, "convert_pt2e", lambda body: convert_pt2e(body, fold_quantize), warn=False)
     fold_simulated_conv_bn(gm)
     observer_nodes = [n for n in gm.graph.nodes if n.op == "call_module" and _is_observer(gm, n)]
     before = set(gm.graph.nodes)
@@ -147,7 +150,7 @@ def convert_pt2e(model: GraphModule, fold_quantize: bool = True) -> GraphModule:
     erase_dead(gm.graph, folded_inputs)  # float weight chains the folding left without users
     _one_dequantize_per_user(gm)
     port_quantization_tags(gm.graph, [n for n in gm.graph.nodes if n not in before], dequantize_ops())
-    return rebuild(gm)
+    return disallow_eval_train(rebuild(gm))
 
 
 def _is_observer(gm: GraphModule, node: Node) -> bool:

@@ -29,11 +29,12 @@ from ._modules.graph import (
     set_attr_value,
 )
 from ._modules.per_token import mark_per_token_observers
-from ._modules.prepare_rules import drop_in_place_destinations
+from ._modules.prepare_rules import drop_in_place_destinations, map_subgraphs
 from ._modules.qat_conv_bn import simulate_conv_bn
 from ._modules.sharing import build_observers, collect_specs, describe
 from .annotation import ANNOTATED_BY_KEY, ANNOTATION_KEY, EdgeOrNode, QuantizationAnnotation
 from .errors import AnnotationError
+from .training import disallow_eval_train
 
 if TYPE_CHECKING:
     from .quantizer import Quantizer
@@ -97,6 +98,7 @@ def _prepare(model: GraphModule, quantizer: Quantizer, is_qat: bool) -> GraphMod
     # annotations made on the caller's graph before prepare name the caller's nodes: the
     # copy gets its own annotation objects, naming its own nodes
     remap_annotations(gm.graph, node_map)
+    map_subgraphs(gm, api, lambda body: _prepare(body, quantizer, is_qat))  # scan / while_loop bodies
     if is_qat:
         _own_tensors(gm)
     else:
@@ -118,7 +120,7 @@ def _prepare(model: GraphModule, quantizer: Quantizer, is_qat: bool) -> GraphMod
     mark_per_token_observers(specs, observers, is_qat, lambda key: _label(key, quantizer))
     _hook(quantizer, "prepare_obs_or_fq_callback", api, gm, observers)
     _insert_observers(gm, drop_in_place_destinations(observers))  # a written buffer is written itself
-    return rebuild(gm)
+    return disallow_eval_train(rebuild(gm))
 
 
 def _own_tensors(gm: GraphModule) -> None:
