@@ -12,6 +12,7 @@ import torch
 import quantweave as qw
 from quantweave.convert import choose_qparams_ops, dequantize_ops, quantize_ops
 from quantweave.observers import FakeQuantizeBase, MinMaxObserver, PerChannelMinMaxObserver, PlaceholderObserver
+from quantweave.testing.reference import _Annotator, make_reference_quantizer, quantweave_api
 from tests.helpers import export
 from tests.seed_tutorial import TutorialNet, build, quantweave_names
 
@@ -518,3 +519,80 @@ def test_a_cond_branch_left_float_is_named_in_a_warning():
     exported = torch.export.export(CondLinear().eval(), (torch.randn(2, 5),)).module()
     with pytest.warns(UserWarning, match=r"subgraph 'true_graph_0' of 'cond'.*stay float"):
         qw.prepare_pt2e(exported, OneSpec(aten.linear.default, input_spec=int8_act()))
+
+
+# -- 3. convert_pt2e(..., use_reference_representation=True)
+
+
+class RefNet(torch.nn.Module):
+    """conv -> max_pool -> add (+ relu) -> mean -> linear: every pattern written in integers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.linear = torch.nn.Conv2d(3, 4, 3), torch.nn.Linear(4, 5)
+
+    def forward(self, x, y):
+        pooled = torch.nn.functional.max_pool2d(self.conv(x), 2)
+        return self.linear(torch.relu(pooled + y).mean((2, 3)))
+
+
+def qdq_ops():
+    return (*quantize_ops(), *dequantize_ops())
+
+
+class PerTensorReference(qw.Quantizer):
+    """quantweave's reference quantizer with per-tensor instead of per-channel weights."""
+
+    def annotate(self, model):
+        annotator = _Annotator(quantweave_api(), histogram=False, derived_bias=False)
+        annotator.weight = int8_act(qscheme=torch.per_tensor_symmetric)
+        annotator.run(model)
+        return model
+
+    def validate(self, model):
+        pass
+
+
+def _both_forms(model, inputs, quantizer, calibration):
+    prepared = qw.prepare_pt2e(export(model, *inputs), quantizer)
+    for batch in calibration:
+        prepared(*batch)
+    return qw.convert_pt2e(prepared), qw.convert_pt2e(prepared, use_reference_representation=True)
+
+
+def _output_step(qdq_model):
+    """The scale of the last quantize before the output (one step of the output's integers)."""
+    return [n.args[1] for n in calls(qdq_model, qd.quantize_per_tensor.default)][-1]
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_reference_representation_matches_the_qdq_form_within_one_step(per_channel):
+    torch.manual_seed(0)
+    inputs = (torch.randn(2, 3, 10, 10), torch.randn(2, 4, 4, 4))
+    calibration = [(torch.randn(2, 3, 10, 10), torch.randn(2, 4, 4, 4)) for _ in range(3)]
+    quantizer = make_reference_quantizer() if per_channel else PerTensorReference()
+    qdq, reference = _both_forms(RefNet().eval(), inputs, quantizer, calibration)
+    assert not calls(reference, *qdq_ops())  # every quantize / dequantize is written as arithmetic
+    (matmul,) = calls(reference, aten.matmul.default)
+    assert all(a.meta.get("val") is None or a.meta["val"].dtype == torch.int32 for a in matmul.args)
+    (conv,) = calls(reference, aten.conv2d.default)
+    weight = reference.get_buffer(str(conv.args[1].target))
+    assert weight.dtype == torch.int32  # integer weights, integer convolution
+    (pool,) = calls(reference, aten.max_pool2d.default)
+    assert pool.args[0].target is aten._to_copy.default and pool.args[0].kwargs["dtype"] == torch.uint8
+    for x in [inputs, *calibration]:
+        assert torch.max(torch.abs(reference(*x) - qdq(*x))) <= 2 * _output_step(qdq) + 1e-5
+
+
+def test_reference_representation_of_dynamic_and_plain_qdq():
+    model, x = TwoLinears().eval(), torch.randn(3, 8)
+    qdq, reference = _both_forms(model, (x,), OneSpec(aten.linear.default, input_spec=dynamic_act()), [(x,)])
+    assert not calls(reference, *qdq_ops()) and calls(reference, *choose_qparams_ops())
+    torch.testing.assert_close(reference(x), qdq(x))
+
+
+def test_use_reference_representation_must_be_a_bool():
+    model, x = TwoLinears().eval(), torch.randn(3, 8)
+    prepared, _ = run_flow(model, (x,), OneSpec(aten.linear.default, input_spec=int8_act()))
+    with pytest.raises(TypeError, match="use_reference_representation must be a bool; got 'yes'"):
+        qw.convert_pt2e(prepared, use_reference_representation="yes")

@@ -46,6 +46,7 @@ from ._modules.per_token import PER_TOKEN_ATTR
 from ._modules.prepare_rules import map_subgraphs
 from ._modules.qat_conv_bn import fold_simulated_conv_bn
 from ._modules.qtypes import dtype_range, integer_dtype, is_integer_dtype, is_per_channel
+from ._modules.reference_repr import to_reference_representation
 from ._modules.torch_compat import quantized_decomposed_ops
 from .annotation import PER_TOKEN_RANGE
 from .errors import ConvertError, ObserverNotCalibratedError
@@ -109,7 +110,9 @@ _CHOOSE_QPARAMS = {
 }
 
 
-def convert_pt2e(model: GraphModule, fold_quantize: bool = True) -> GraphModule:
+def convert_pt2e(
+    model: GraphModule, fold_quantize: bool = True, *, use_reference_representation: bool = False
+) -> GraphModule:
     """Replace observers with quantize/dequantize ops and return a new module.
 
     After ``prepare_qat_pt2e``, each conv/batch-norm pair rewritten for QAT is folded first
@@ -118,13 +121,25 @@ def convert_pt2e(model: GraphModule, fold_quantize: bool = True) -> GraphModule:
     parameters followed by quantize -> dequantize in the graph (the same integer values,
     rounded at run time), the form converters that match q/dq around weights need (the
     LiteRT converter rejects folded int8 weights).
+    ``use_reference_representation=True`` writes the quantized ops in integer arithmetic
+    with aten ops (int32 accumulation, requantization, q/dq as their arithmetic), as torchao's
+    reference representation does; see ``quantweave._modules.reference_repr``.
     Raises :class:`ObserverNotCalibratedError` naming every observer that saw no data.
     """
     check_graph_module(model, "convert_pt2e")
     if not isinstance(fold_quantize, bool):
         raise TypeError(f"convert_pt2e: fold_quantize must be a bool; got {fold_quantize!r}")
+    if not isinstance(use_reference_representation, bool):
+        raise TypeError(
+            f"convert_pt2e: use_reference_representation must be a bool; got {use_reference_representation!r}"
+        )
     gm, _ = copy_graph_module(model)
-    map_subgraphs(gm, "convert_pt2e", lambda body: convert_pt2e(body, fold_quantize), warn=False)
+    map_subgraphs(
+        gm,
+        "convert_pt2e",
+        lambda body: convert_pt2e(body, fold_quantize, use_reference_representation=use_reference_representation),
+        warn=False,
+    )
     fold_simulated_conv_bn(gm)
     observer_nodes = [n for n in gm.graph.nodes if n.op == "call_module" and _is_observer(gm, n)]
     before = set(gm.graph.nodes)
@@ -150,6 +165,8 @@ def convert_pt2e(model: GraphModule, fold_quantize: bool = True) -> GraphModule:
     erase_dead(gm.graph, folded_inputs)  # float weight chains the folding left without users
     _one_dequantize_per_user(gm)
     port_quantization_tags(gm.graph, [n for n in gm.graph.nodes if n not in before], dequantize_ops())
+    if use_reference_representation:
+        to_reference_representation(gm)
     return disallow_eval_train(rebuild(gm))
 
 
