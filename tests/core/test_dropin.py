@@ -596,3 +596,19 @@ def test_use_reference_representation_must_be_a_bool():
     prepared, _ = run_flow(model, (x,), OneSpec(aten.linear.default, input_spec=int8_act()))
     with pytest.raises(TypeError, match="use_reference_representation must be a bool; got 'yes'"):
         qw.convert_pt2e(prepared, use_reference_representation="yes")
+
+
+def test_a_folded_weight_keeps_its_get_attr_tag():
+    class TagWeight(OneSpec):
+        def annotate(self, model):
+            super().annotate(model)
+            for node in calls(model, aten.linear.default):
+                node.args[1].meta["quantization_tag"] = "weight_tag"
+            return model
+
+    quantizer = TagWeight(aten.linear.default, input_spec=int8_act(), weight_spec=int8_act(), tag="linear")
+    _, converted = run_flow(torch.nn.Linear(4, 4).eval(), (torch.randn(2, 4),), quantizer)
+    (linear,) = calls(converted, aten.linear.default)
+    dequant_w = linear.args[1]
+    assert dequant_w.meta.get("quantization_tag") == "linear"  # the consumer's tag
+    assert dequant_w.args[0].op == "get_attr" and dequant_w.args[0].meta.get("quantization_tag") == "weight_tag"

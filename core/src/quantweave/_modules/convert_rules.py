@@ -128,11 +128,12 @@ def port_quantization_tags(graph: Graph, created: Iterable[Node], dequantize_ops
     - a dequantize takes the tag of its consumer when the consumer is annotated with input
       specs; for a dynamically quantized input its quantize and choose_qparams nodes take it too;
     - a static quantize takes the tag of the annotated producer it quantizes the output of,
-      or of the weight's ``get_attr`` it quantizes;
+      or of the weight's ``get_attr`` it quantizes; a folded weight keeps its weight's tag;
     - otherwise a created node carries no tag (it belongs to no tagged pattern).
     """
     dequantize = set(dequantize_ops)
-    created = [n for n in created if n.graph is graph]
+    # a folded weight (get_attr) keeps the tag convert copied from the weight it was made from
+    created = [n for n in created if n.graph is graph and n.op == "call_function"]
     for node in created:
         node.meta.pop(TAG_KEY, None)
     for node in created:
