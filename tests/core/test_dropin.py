@@ -612,3 +612,30 @@ def test_a_folded_weight_keeps_its_get_attr_tag():
     dequant_w = linear.args[1]
     assert dequant_w.meta.get("quantization_tag") == "linear"  # the consumer's tag
     assert dequant_w.args[0].op == "get_attr" and dequant_w.args[0].meta.get("quantization_tag") == "weight_tag"
+
+
+class SelfConvertingWeightObserver(SelfConvertingObserver):
+    """Converts itself into quantize_per_tensor -> dequantize_per_tensor (scale 0.1, int8)."""
+
+    def convert(self, model, observer_node):
+        with model.graph.inserting_before(observer_node):
+            args = (0.1, 0, -128, 127, torch.int8)
+            quant = model.graph.call_function(qd.quantize_per_tensor.default, (observer_node.args[0], *args))
+            dequant = model.graph.call_function(qd.dequantize_per_tensor.default, (quant, *args))
+        observer_node.replace_all_uses_with(dequant)
+        model.graph.erase_node(observer_node)
+
+
+def test_constant_quantize_made_by_a_convert_hook_is_folded():
+    spec = qw.QuantizationSpec(
+        dtype=torch.int8, qscheme=torch.per_tensor_affine, observer_or_fake_quant_ctr=SelfConvertingWeightObserver
+    )
+    model, x = torch.nn.Linear(4, 4).eval(), torch.randn(2, 4)
+    _, converted = run_flow(model, (x,), OneSpec(aten.linear.default, weight_spec=spec))
+    assert not calls(converted, qd.quantize_per_tensor.default)  # stored quantized, as convert's own
+    (linear,) = calls(converted, aten.linear.default)
+    frozen = linear.args[1].args[0]
+    assert frozen.op == "get_attr" and converted.get_buffer(str(frozen.target)).dtype == torch.int8
+    _, unfolded = run_flow(model, (x,), OneSpec(aten.linear.default, weight_spec=spec), fold_quantize=False)
+    assert len(calls(unfolded, qd.quantize_per_tensor.default)) == 1
+    torch.testing.assert_close(converted(x), unfolded(x))

@@ -25,6 +25,7 @@ from torch.fx import GraphModule, Node
 
 from ._modules.convert_rules import (
     convert_hook,
+    fold_constant_quantizes,
     is_dynamic_dequantize,
     is_placeholder,
     mutable_attr_nodes,
@@ -150,11 +151,14 @@ def convert_pt2e(
     folded_inputs: list[Node] = []
     # one observer module may sit at several nodes (sharing); its qparams are computed once
     qparams_cache: dict[int, tuple[Any, Any]] = {}
+    hook_nodes: list[Node] = []
     for node in observer_nodes:
         module = gm.get_submodule(str(node.target))
         hook = convert_hook(module)
         if hook is not None:  # an observer that converts itself (torchao's affine observers)
+            known = set(gm.graph.nodes)
             hook(gm, node)
+            hook_nodes.extend(n for n in gm.graph.nodes if n not in known)
             continue
         source = node.args[0]
         assert isinstance(source, Node)
@@ -162,6 +166,13 @@ def convert_pt2e(
         _replace_observer(gm, node, module, fold, constant_values, qparams_cache)
         if fold:
             folded_inputs.append(source)
+    if fold_quantize and hook_nodes:
+        folded_inputs += fold_constant_quantizes(
+            gm,
+            hook_nodes,
+            lambda n: is_constant(n, constant_cache),
+            lambda n: evaluate_constant(gm, n, constant_values),
+        )
     erase_dead(gm.graph, folded_inputs)  # float weight chains the folding left without users
     _one_dequantize_per_user(gm)
     port_quantization_tags(gm.graph, [n for n in gm.graph.nodes if n not in before], dequantize_ops())

@@ -11,7 +11,8 @@ behaviour where it is right), kept out of ``convert.py`` so that module stays th
   (``choose_qparams -> getitem -> quantize -> dequantize``): one per dynamically quantized
   tensor, shared by its users (not duplicated per user as static and per-token ones are);
 - :func:`convert_hook` -- an observer that converts itself (``convert(model, observer_node)``,
-  as torchao's affine observers and fake-quantizers define): convert calls it;
+  as torchao's affine observers and fake-quantizers define): convert calls it, and
+  :func:`fold_constant_quantizes` stores the constant (weight) quantizes it made as frozen buffers;
 - :func:`port_quantization_tags` -- ``quantization_tag`` (read by lowering passes) on the
   quantize / dequantize / choose_qparams nodes convert creates, by the PT2E porting rules.
 """
@@ -26,13 +27,14 @@ import torch
 from torch.fx import Graph, GraphModule, Node
 
 from ..annotation import ANNOTATION_KEY
-from .graph import mutated_attrs
+from .graph import mutated_attrs, new_attr_name
 from .qtypes import is_float8_dtype, is_integer_dtype
 from .torch_compat import quantized_decomposed_ops
 
 __all__ = [
     "TAG_KEY",
     "convert_hook",
+    "fold_constant_quantizes",
     "is_dynamic_dequantize",
     "is_placeholder",
     "mutable_attr_nodes",
@@ -111,6 +113,33 @@ def convert_hook(module: object) -> Callable[[GraphModule, Node], Any] | None:
     if callable(hook) and callable(getattr(module, "calculate_qparams", None)):
         return hook
     return None
+
+
+def fold_constant_quantizes(
+    gm: GraphModule, nodes: Iterable[Node], constant: Callable[[Node], bool], evaluate: Callable[[Node], Any]
+) -> list[Node]:
+    """Store each quantize op among ``nodes`` (made by observers' own ``convert`` hooks) whose
+    inputs are all constant as a frozen buffer read by a get_attr (as convert does for its own
+    quantize ops, and torchao's constant folding for the affine ones). Returns the folded
+    quantize nodes' inputs (to erase when left without users)."""
+    inputs: list[Node] = []
+    for node in list(nodes):
+        name = str(getattr(node.target, "__name__", node.target))
+        if node.op != "call_function" or "quantize" not in name or "dequantize" in name or not constant(node):
+            continue
+        with torch.no_grad():
+            value = evaluate(node)
+        if not isinstance(value, torch.Tensor):
+            continue
+        attr = new_attr_name(gm, "_frozen_param")
+        gm.register_buffer(attr, value)
+        with gm.graph.inserting_before(node):
+            frozen = gm.graph.get_attr(attr)
+        frozen.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack")})
+        node.replace_all_uses_with(frozen)
+        inputs.extend(node.all_input_nodes)
+        gm.graph.erase_node(node)
+    return inputs
 
 
 def _annotated(node: Node, attr: str) -> bool:
