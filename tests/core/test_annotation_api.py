@@ -25,8 +25,10 @@ def test_quantization_spec_fields_and_defaults():
         ({"quant_min": 5, "quant_max": 4}, r"expected quant_min <= quant_max; got quant_min=5, quant_max=4"),
         ({"quant_min": -129}, r"quant_min=-129 is outside the range of torch.int8 \[-128, 127\]"),
         ({"dtype": torch.uint8, "quant_max": 256}, r"quant_max=256 is outside the range of torch.uint8"),
-        ({"dtype": torch.float32}, r"dtype must be one of .*got torch.float32"),
-        ({"qscheme": torch.per_channel_symmetric}, r"is per-channel and needs ch_axis; got None"),
+        ({"dtype": torch.float64}, r"dtype must be one of .*got torch.float64"),
+        ({"dtype": torch.float32, "is_dynamic": True}, r"needs an integer dtype .*got dtype=torch.float32"),
+        ({"dtype": torch.float8_e4m3fn, "quant_max": 1000}, r"quant_max=1000 is outside the finite range"),
+        ({"qscheme": torch.per_channel_symmetric, "ch_axis": 1.0}, r"ch_axis must be an int or None; got 1.0"),
         ({"observer_or_fake_quant_ctr": 3}, r"observer_or_fake_quant_ctr must be callable"),
         ({"quant_min": 1.5}, r"quant_min must be an int or None; got 1.5"),
         (

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import types
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -341,6 +341,8 @@ def test_an_object_that_is_not_a_spec_is_named():
 class AffineObserver(nn.Module):
     """Like torchao's affine observers: qparams, but no dtype; converts itself."""
 
+    converted: ClassVar[list[str]] = []
+
     def __init__(self, **kwargs):
         super().__init__()
 
@@ -351,7 +353,9 @@ class AffineObserver(nn.Module):
         return torch.tensor(1.0), torch.tensor(0)
 
     def convert(self, model, observer_node):
-        raise AssertionError("quantweave never calls it")
+        AffineObserver.converted.append(observer_node.args[0].name)
+        observer_node.replace_all_uses_with(observer_node.args[0])
+        model.graph.erase_node(observer_node)
 
 
 class NoQParams(nn.Module):
@@ -363,31 +367,45 @@ class NoQParams(nn.Module):
         return x
 
 
-@pytest.mark.parametrize(
-    ("ctr", "why"), [(AffineObserver, "converts itself"), (NoQParams, "no calculate_qparams")], ids=["affine", "noqp"]
-)
-def test_an_observer_convert_would_not_recognise_is_rejected_at_prepare(ctr, why):
+def _observe_linear_input(ctr):
     def fn(gm):
         linear = _linear(gm)
         spec = QuantizationSpec(dtype=torch.int8, observer_or_fake_quant_ctr=ctr)
         linear.meta[KEY] = QuantizationAnnotation(input_qspec_map={linear.args[0]: spec})
 
-    with pytest.raises(qw.AnnotationError, match=rf"edge 'x' -> 'linear'.*'FnQuantizer'.*{ctr.__name__}.*{why}"):
-        _prepare_mlp(fn)
+    return fn
+
+
+def test_an_observer_convert_would_not_recognise_is_rejected_at_prepare():
+    with pytest.raises(
+        qw.AnnotationError, match=r"edge 'x' -> 'linear'.*'FnQuantizer'.*NoQParams.*no calculate_qparams"
+    ):
+        _prepare_mlp(_observe_linear_input(NoQParams))
+
+
+def test_an_observer_that_converts_itself_is_taken_and_its_convert_called():
+    AffineObserver.converted.clear()
+    prepared, inputs = _prepare_mlp(_observe_linear_input(AffineObserver))
+    assert any(isinstance(m, AffineObserver) for m in prepared.modules())
+    prepared(*inputs)
+    converted = qw.convert_pt2e(prepared)
+    assert AffineObserver.converted == ["x"]
+    calls = [n for n in converted.graph.nodes if n.op == "call_module"]
+    assert not any(isinstance(converted.get_submodule(str(n.target)), AffineObserver) for n in calls)
 
 
 def test_an_observer_swapped_in_by_the_callback_is_checked_too():
     class Swap(FnQuantizer):
         def prepare_obs_or_fq_callback(self, model, observers):
             for key in observers:
-                observers[key] = AffineObserver()
+                observers[key] = NoQParams()
 
     def fn(gm):
         linear = _linear(gm)
         linear.meta[KEY] = QuantizationAnnotation(input_qspec_map={linear.args[0]: _act()})
 
     model, inputs = MODELS["mlp"]()
-    with pytest.raises(qw.AnnotationError, match=r"edge 'x' -> 'linear'.*AffineObserver"):
+    with pytest.raises(qw.AnnotationError, match=r"edge 'x' -> 'linear'.*NoQParams"):
         qw.prepare_pt2e(export(model, *inputs), Swap(fn))
 
 

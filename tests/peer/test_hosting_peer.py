@@ -129,7 +129,7 @@ def test_torchao_observers_are_recognised_and_calibrated(torchao_api):
     assert result.observers > 0 and result.observed == result.observers
 
 
-def test_torchao_affine_observers_are_rejected_at_prepare_naming_them(torchao_api):
+def test_torchao_affine_observers_are_taken_and_convert_themselves(torchao_api):
     from torchao.quantization.granularity import PerTensor
     from torchao.quantization.pt2e._affine_quantization import AffineQuantizedMinMaxObserver
     from torchao.quantization.pt2e.quantizer import QuantizationAnnotation, QuantizationSpec, Quantizer
@@ -152,8 +152,12 @@ def test_torchao_affine_observers_are_rejected_at_prepare_naming_them(torchao_ap
             return None
 
     model, inputs = MODELS["mlp"]()
-    with pytest.raises(qw.AnnotationError, match=r"edge 'x' -> 'linear'.*'Affine'.*AffineQuantizedMinMaxObserver"):
-        qw.prepare_pt2e(export(model, *inputs), Affine())
+    prepared = qw.prepare_pt2e(export(model, *inputs), Affine())
+    assert any(isinstance(m, AffineQuantizedMinMaxObserver) for m in prepared.modules())
+    prepared(*inputs)
+    converted = qw.convert_pt2e(prepared)  # the observer's own convert() writes torchao's affine q/dq
+    assert any("quantize_affine" in str(n.target) for n in converted.graph.nodes)
+    assert not any(isinstance(m, AffineQuantizedMinMaxObserver) for m in converted.modules())
 
 
 def test_torchao_qat_fake_quantizers_convert(torchao_api):

@@ -53,7 +53,7 @@ from .prepare import prepare_pt2e, prepare_qat_pt2e
 from .quantizer import Quantizer
 from .report import annotation_report
 from .serialize import load, save
-from .training import move_exported_model_to_eval, move_exported_model_to_train
+from .training import allow_exported_model_train_eval, move_exported_model_to_eval, move_exported_model_to_train
 
 if TYPE_CHECKING:
     from .registry import PluginManager, get_quantizer, plugins, quantization_capabilities
@@ -121,6 +121,7 @@ __all__ = [
     "get_output_act_qspec",
     "get_weight_qspec",
     "is_annotated",
+    "allow_exported_model_train_eval",
     "move_exported_model_to_eval",
     "move_exported_model_to_train",
     "prepare_pt2e",

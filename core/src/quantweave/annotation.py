@@ -27,12 +27,17 @@ import torch
 from torch.fx import Node
 
 from ._modules.qtypes import (
+    FLOAT8_DTYPES,
     INTEGER_DTYPES,
+    PLACEHOLDER_DTYPES,
     QSCHEMES,
     dtype_range,
+    float8_range,
+    is_float8_dtype,
     is_integer_dtype,
     is_per_channel,
     is_per_tensor,
+    is_placeholder_dtype,
 )
 
 __all__ = [
@@ -95,25 +100,60 @@ def _check_range(kind: str, dtype: Any, quant_min: int | None, quant_max: int | 
         raise ValueError(f"{kind}: expected quant_min <= quant_max; got quant_min={quant_min}, quant_max={quant_max}")
 
 
-def _check_qscheme(kind: str, qscheme: Any, ch_axis: int | None) -> None:
+def _check_spec_dtype(kind: str, dtype: Any, quant_min: Any, quant_max: Any, is_dynamic: Any) -> None:
+    """A :class:`QuantizationSpec`'s dtype: an integer dtype, a float8 dtype (quantized: the
+    rounded values stored as float8, bounds within the dtype's finite range), or a float
+    *placeholder* dtype (float32 / float16 / bfloat16: nothing is quantized -- the PT2E
+    tutorials' ``QuantizationSpec(dtype=torch.float, observer_or_fake_quant_ctr=PlaceholderObserver)``)."""
+    if is_integer_dtype(dtype):
+        _check_range(kind, dtype, quant_min, quant_max)
+        return
+    if not (is_float8_dtype(dtype) or is_placeholder_dtype(dtype)):
+        names = ", ".join(str(d) for d in (*INTEGER_DTYPES, *FLOAT8_DTYPES, *PLACEHOLDER_DTYPES))
+        raise ValueError(f"{kind}: dtype must be one of {names}; got {dtype!r}")
+    if is_dynamic:
+        raise ValueError(
+            f"{kind}: dynamic quantization chooses integer qparams at run time, so it needs an integer dtype "
+            f"({_dtype_names()}); got dtype={dtype} with is_dynamic=True"
+        )
+    for name, value in (("quant_min", quant_min), ("quant_max", quant_max)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{kind}: {name} must be an int or None; got {value!r}")
+    if is_float8_dtype(dtype):
+        lo, hi = float8_range(dtype)
+        for name, value in (("quant_min", quant_min), ("quant_max", quant_max)):
+            if value is not None and not lo <= value <= hi:
+                raise ValueError(f"{kind}: {name}={value} is outside the finite range of {dtype} [{lo}, {hi}]")
+    if quant_min is not None and quant_max is not None and quant_min > quant_max:
+        raise ValueError(f"{kind}: expected quant_min <= quant_max; got quant_min={quant_min}, quant_max={quant_max}")
+
+
+def _check_qscheme(kind: str, qscheme: Any, ch_axis: Any) -> None:
+    """A known qscheme (or None). A per-channel qscheme may leave ``ch_axis`` None: the
+    observer's own default axis applies (0 for torch's per-channel observers), as in torchao."""
+    if ch_axis is not None and (isinstance(ch_axis, bool) or not isinstance(ch_axis, int)):
+        # a negative axis counts from the end; prepare checks it against the tensor's dimensions
+        raise ValueError(f"{kind}: ch_axis must be an int or None; got {ch_axis!r}")
     if qscheme is None:
         return
     if qscheme not in QSCHEMES:
         names = ", ".join(str(q) for q in QSCHEMES)
         raise ValueError(f"{kind}: qscheme must be one of {names}; got {qscheme!r}")
-    if is_per_channel(qscheme) and ch_axis is None:
-        raise ValueError(f"{kind}: qscheme {qscheme} is per-channel and needs ch_axis; got None")
 
 
-def _check_group(kind: str, group_size: Any, qscheme: Any, ch_axis: int | None, is_dynamic: bool) -> None:
+def _check_group(
+    kind: str, group_size: Any, qscheme: Any, ch_axis: int | None, is_dynamic: bool, dtype: Any = torch.int8
+) -> None:
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
         raise ValueError(f"{kind}: group_size must be an int >= 2 (or None); got {group_size!r}")
+    if not is_integer_dtype(dtype):
+        raise ValueError(f"{kind}: group-wise quantization needs an integer dtype ({_dtype_names()}); got {dtype}")
     if qscheme not in (torch.per_channel_symmetric, torch.per_channel_affine):
         raise ValueError(
             f"{kind}: group_size={group_size} needs qscheme torch.per_channel_symmetric or torch.per_channel_affine "
             f"(qparams per row and group); got qscheme={qscheme}"
         )
-    if ch_axis != 0:
+    if ch_axis not in (0, None):
         raise ValueError(
             f"{kind}: group-wise quantization takes qparams per row of a 2-D tensor (groups run along the row), "
             f"so ch_axis must be 0; got ch_axis={ch_axis}"
@@ -171,6 +211,15 @@ class QuantizationSpec(QuantizationSpecBase):
     ``.with_args(...)`` partial; the other fields are passed to it on construction.
     ``quant_min``/``quant_max`` default to the full range of ``dtype``.
 
+    ``dtype`` is an integer dtype, a float8 dtype (``torch.float8_e4m3fn`` / ``float8_e5m2``:
+    scale and zero point as for an integer dtype, the rounded values stored as float8; give
+    ``quant_min``/``quant_max`` within its finite range, e.g. ``int(torch.finfo(dtype).min)``),
+    or a float *placeholder* dtype -- ``torch.float32``, ``torch.bfloat16`` (the tensor is left
+    float) or ``torch.float16`` (rounded through float16 and back) -- usually with a
+    ``PlaceholderObserver``, as the PT2E tutorials write an unquantized bias. A per-channel
+    ``qscheme`` with ``ch_axis`` left None takes the observer's default axis (0 for torch's
+    per-channel observers).
+
     ``group_size`` (quantweave's addition; None, the default, is PT2E's spec unchanged)
     makes a per-channel spec group-wise: a 2-D tensor gets qparams per row (``ch_axis=0``)
     and per run of ``group_size`` consecutive elements along the row, and is converted to
@@ -202,10 +251,10 @@ class QuantizationSpec(QuantizationSpecBase):
 
     def __post_init__(self) -> None:
         kind = "QuantizationSpec"
-        _check_range(kind, self.dtype, self.quant_min, self.quant_max)
+        _check_spec_dtype(kind, self.dtype, self.quant_min, self.quant_max, self.is_dynamic)
         _check_qscheme(kind, self.qscheme, self.ch_axis)
         if self.group_size is not None:
-            _check_group(kind, self.group_size, self.qscheme, self.ch_axis, self.is_dynamic)
+            _check_group(kind, self.group_size, self.qscheme, self.ch_axis, self.is_dynamic, self.dtype)
         _check_per_token(
             kind, self.per_token, self.dtype, self.quant_min, self.quant_max, self.qscheme, self.is_dynamic
         )

@@ -7,7 +7,8 @@ The result is the *reference* representation that backends pattern-match:
 Constant inputs (weights, biases, and any transform of them) are quantized here, once, so
 the converted model stores int8 weights followed by a ``dequantize`` node. Every user of a
 dequantized tensor gets its own ``dequantize`` node, so each consumer can be fused
-independently.
+independently -- except a dynamically quantized tensor, whose one run-time
+choose_qparams -> quantize -> dequantize is shared by its users.
 
 Contract: the prepared model is not mutated; the same calibrated model can be converted
 again (e.g. with ``fold_quantize=False``).
@@ -22,6 +23,15 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
+from ._modules.convert_rules import (
+    convert_hook,
+    fold_constant_quantizes,
+    is_dynamic_dequantize,
+    is_placeholder,
+    mutable_attr_nodes,
+    port_quantization_tags,
+    replace_placeholder,
+)
 from ._modules.graph import (
     check_graph_module,
     copy_graph_module,
@@ -35,12 +45,15 @@ from ._modules.graph import (
 )
 from ._modules.misuse import warn_no_observers
 from ._modules.per_token import PER_TOKEN_ATTR
+from ._modules.prepare_rules import map_subgraphs
 from ._modules.qat_conv_bn import fold_simulated_conv_bn
 from ._modules.qtypes import dtype_range, integer_dtype, is_integer_dtype, is_per_channel
+from ._modules.reference_repr import to_reference_representation
 from ._modules.torch_compat import quantized_decomposed_ops
 from .annotation import PER_TOKEN_RANGE
 from .errors import ConvertError, ObserverNotCalibratedError
 from .observers import is_calibrated, is_observer_module
+from .training import disallow_eval_train
 
 __all__ = [
     "choose_qparams_ops",
@@ -99,7 +112,9 @@ _CHOOSE_QPARAMS = {
 }
 
 
-def convert_pt2e(model: GraphModule, fold_quantize: bool = True) -> GraphModule:
+def convert_pt2e(
+    model: GraphModule, fold_quantize: bool = True, *, use_reference_representation: bool = False
+) -> GraphModule:
     """Replace observers with quantize/dequantize ops and return a new module.
 
     After ``prepare_qat_pt2e``, each conv/batch-norm pair rewritten for QAT is folded first
@@ -108,36 +123,70 @@ def convert_pt2e(model: GraphModule, fold_quantize: bool = True) -> GraphModule:
     parameters followed by quantize -> dequantize in the graph (the same integer values,
     rounded at run time), the form converters that match q/dq around weights need (the
     LiteRT converter rejects folded int8 weights).
+    ``use_reference_representation=True`` writes the quantized ops in integer arithmetic
+    with aten ops (int32 accumulation, requantization, q/dq as their arithmetic), as torchao's
+    reference representation does; see ``quantweave._modules.reference_repr``.
     Raises :class:`ObserverNotCalibratedError` naming every observer that saw no data.
     """
     check_graph_module(model, "convert_pt2e")
     if not isinstance(fold_quantize, bool):
         raise TypeError(f"convert_pt2e: fold_quantize must be a bool; got {fold_quantize!r}")
+    if not isinstance(use_reference_representation, bool):
+        raise TypeError(
+            f"convert_pt2e: use_reference_representation must be a bool; got {use_reference_representation!r}"
+        )
     gm, _ = copy_graph_module(model)
+    map_subgraphs(
+        gm,
+        "convert_pt2e",
+        lambda body: convert_pt2e(body, fold_quantize, use_reference_representation=use_reference_representation),
+        warn=False,
+    )
     fold_simulated_conv_bn(gm)
-    observer_nodes = [
-        n for n in gm.graph.nodes if n.op == "call_module" and is_observer_module(gm.get_submodule(str(n.target)))
-    ]
+    observer_nodes = [n for n in gm.graph.nodes if n.op == "call_module" and _is_observer(gm, n)]
     if not observer_nodes:
         warn_no_observers(gm)
-    constant_cache: dict[Node, bool] = {}
+    before = set(gm.graph.nodes)
+    constant_cache: dict[Node, bool] = mutable_attr_nodes(gm.graph)  # written in place: never folded
     constant_values: dict[Node, Any] = {}
     _observe_constants(gm, observer_nodes, constant_cache, constant_values)
     _check_calibrated(gm, observer_nodes)
     folded_inputs: list[Node] = []
     # one observer module may sit at several nodes (sharing); its qparams are computed once
     qparams_cache: dict[int, tuple[Any, Any]] = {}
+    hook_nodes: list[Node] = []
     for node in observer_nodes:
         module = gm.get_submodule(str(node.target))
+        hook = convert_hook(module)
+        if hook is not None:  # an observer that converts itself (torchao's affine observers)
+            known = set(gm.graph.nodes)
+            hook(gm, node)
+            hook_nodes.extend(n for n in gm.graph.nodes if n not in known)
+            continue
         source = node.args[0]
         assert isinstance(source, Node)
         fold = fold_quantize and is_constant(source, constant_cache)
         _replace_observer(gm, node, module, fold, constant_values, qparams_cache)
         if fold:
             folded_inputs.append(source)
+    if fold_quantize and hook_nodes:
+        folded_inputs += fold_constant_quantizes(
+            gm,
+            hook_nodes,
+            lambda n: is_constant(n, constant_cache),
+            lambda n: evaluate_constant(gm, n, constant_values),
+        )
     erase_dead(gm.graph, folded_inputs)  # float weight chains the folding left without users
     _one_dequantize_per_user(gm)
-    return rebuild(gm)
+    port_quantization_tags(gm.graph, [n for n in gm.graph.nodes if n not in before], dequantize_ops())
+    if use_reference_representation:
+        to_reference_representation(gm)
+    return disallow_eval_train(rebuild(gm))
+
+
+def _is_observer(gm: GraphModule, node: Node) -> bool:
+    module = gm.get_submodule(str(node.target))
+    return is_observer_module(module) or convert_hook(module) is not None
 
 
 def _observe_constants(
@@ -225,10 +274,8 @@ def _replace_observer(
     assert isinstance(source, Node)
     name = str(node.target)
     dtype, qscheme, quant_min, quant_max = _quant_settings(module)
-    if not is_integer_dtype(dtype):
-        # float "observers" (e.g. a float PlaceholderObserver) mean: leave the tensor as is
-        node.replace_all_uses_with(source)
-        graph.erase_node(node)
+    if is_placeholder(dtype):  # a float PlaceholderObserver: the tensor stays float
+        replace_placeholder(graph, node, source, dtype)
         return
     dq_kwargs: dict[str, Any] = {}
     val = source.meta.get("val")
@@ -356,8 +403,8 @@ def _qparams(module: torch.nn.Module, name: str, source: Node) -> tuple[Any, Any
 def _one_dequantize_per_user(gm: GraphModule) -> None:
     graph = gm.graph
     for node in list(graph.nodes):
-        if node.op != "call_function" or node.target not in dequantize_ops():
-            continue
+        if node.op != "call_function" or node.target not in dequantize_ops() or is_dynamic_dequantize(node):
+            continue  # (a dynamically quantized tensor keeps one dequantize, shared by its users)
         users = list(node.users)
         for user in users[1:]:
             with graph.inserting_after(node):

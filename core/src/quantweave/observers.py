@@ -565,7 +565,7 @@ def is_observer_module(module: object) -> bool:
     ``quant_min`` / ``quant_max``, ``ch_axis``, ``is_dynamic`` and, for fake-quantizers,
     ``activation_post_process``), such as torchao's observers and fake-quantizers.
     Modules that convert themselves (a ``convert()`` method, as torchao's affine observers
-    have) are not: prepare rejects them, naming the edge and the quantizer."""
+    have) are not: convert calls their own method instead (see ``_modules.convert_rules``)."""
     if isinstance(module, (ObserverBase, FakeQuantizeBase)):
         return True
     return _observer_protocol(module)

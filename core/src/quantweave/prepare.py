@@ -32,11 +32,13 @@ from ._modules.graph import (
 )
 from ._modules.misuse import PREPARED_KEY, check_prepare_input
 from ._modules.per_token import mark_per_token_observers
+from ._modules.prepare_rules import drop_in_place_destinations, map_subgraphs
 from ._modules.qat_conv_bn import simulate_conv_bn
 from ._modules.sharing import collect_specs, describe
 from ._modules.spec_check import build_checked_observers
 from .annotation import ANNOTATED_BY_KEY, ANNOTATION_KEY, EdgeOrNode, QuantizationAnnotation
 from .errors import AnnotationError
+from .training import disallow_eval_train
 
 if TYPE_CHECKING:
     from .quantizer import Quantizer
@@ -101,6 +103,7 @@ def _prepare(model: GraphModule, quantizer: Quantizer, is_qat: bool) -> GraphMod
     # annotations made on the caller's graph before prepare name the caller's nodes: the
     # copy gets its own annotation objects, naming its own nodes
     remap_annotations(gm.graph, node_map)
+    map_subgraphs(gm, api, lambda body: _prepare(body, quantizer, is_qat))  # scan / while_loop bodies
     if is_qat:
         _own_tensors(gm)
     else:
@@ -123,9 +126,9 @@ def _prepare(model: GraphModule, quantizer: Quantizer, is_qat: bool) -> GraphMod
     mark_per_token_observers(specs, observers, is_qat, lambda key: _label(key, quantizer))
     _hook(quantizer, "prepare_obs_or_fq_callback", api, gm, observers)
     check_observers(observers, lambda key: _label(key, quantizer))
-    _insert_observers(gm, observers)
+    _insert_observers(gm, drop_in_place_destinations(observers))  # a written buffer is written itself
     gm.meta[PREPARED_KEY] = api
-    return rebuild(gm)
+    return disallow_eval_train(rebuild(gm))
 
 
 def _own_tensors(gm: GraphModule) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+import warnings
 
 import torch
 from torch.fx import GraphModule, Node
@@ -19,6 +20,10 @@ _CONV = {
     aten.conv1d.default: (False, 6),
     aten.conv2d.default: (False, 6),
     aten.conv3d.default: (False, 6),
+    # conv with string padding ("same" / "valid"): the same argument positions
+    aten.conv1d.padding: (False, 6),
+    aten.conv2d.padding: (False, 6),
+    aten.conv3d.padding: (False, 6),
     # conv_transpose(input, weight, bias, stride, padding, output_padding, groups, dilation)
     aten.conv_transpose1d.default: (True, 6),
     aten.conv_transpose2d.input: (True, 6),
@@ -46,6 +51,27 @@ def _bn_output(bn: Node) -> Node | None:
     if len(users) == 1 and users[0].target is operator.getitem and users[0].args[1] == 0:
         return users[0]
     return None
+
+
+def _warn_linear_bn_not_fused(linear: Node, bn: Node, dim: int) -> None:
+    """Batch norm after a linear with a 3-D (or wider) output normalises dimension 1, which is
+    not the linear's output-feature dimension: folding would be wrong, so it is left (as torchao
+    does, with a warning naming both nodes)."""
+    warnings.warn(
+        f"Not fusing linear+bn: {linear.name!r} has a {dim}-D output, and batch norm {bn.name!r} normalises "
+        "its dimension 1, not the linear's output features; the batch norm is left unfolded",
+        UserWarning,
+        stacklevel=4,
+    )
+
+
+def _port_fold_meta(producer: Node, nodes: tuple[Node, ...]) -> None:
+    """The folded weight / bias ``get_attr`` nodes take the source location of the layer they
+    belong to (so every node of a prepared model carries meta, as after export)."""
+    for node in nodes:
+        for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+            if key in producer.meta and key not in node.meta:
+                node.meta[key] = producer.meta[key]
 
 
 def _fold_into_conv(
@@ -121,6 +147,7 @@ def fold_batch_norm(model: GraphModule) -> int:
                     continue
                 val = producer.meta.get("val")
                 if val is not None and val.dim() != 2:
+                    _warn_linear_bn_not_fused(producer, bn, val.dim())
                     continue  # BN over a non-2-D linear output normalises another axis
                 new_w, new_b = fuse_linear_bn_weights(weight, bias, mean, var, call.eps, bn_w, bn_b)
             else:
@@ -136,6 +163,7 @@ def fold_batch_norm(model: GraphModule) -> int:
         with model.graph.inserting_before(producer):
             w_node = model.graph.get_attr(w_name)
             b_node = model.graph.get_attr(b_name)
+        _port_fold_meta(producer, (w_node, b_node))
         old_params = [a for a in producer.args[1:3] if isinstance(a, Node)]
         _describe_param(model, w_node, new_w, old_params[:1])
         _describe_param(model, b_node, new_b, old_params[1:])

@@ -373,28 +373,20 @@ def _drop_non_inputs(graph: Graph, label: Callable[[Node], str], hosted: set[Nod
 
 
 def convertible(module: object) -> str | None:
-    """None when convert can turn ``module`` into quantize/dequantize ops, else why not."""
-    from ..observers import is_fake_quant_module, is_observer_module
+    """None when convert can turn ``module`` into quantize/dequantize ops (or the module
+    converts itself with its own ``convert(model, observer_node)``, as torchao's affine
+    observers do), else why not."""
+    from ..observers import is_observer_module
+    from .convert_rules import convert_hook
 
-    if not is_observer_module(module):
-        if callable(getattr(module, "convert", None)) and callable(getattr(module, "calculate_qparams", None)):
-            return (
-                "it converts itself (it has its own convert(), as torchao's affine observers do), which "
-                "quantweave's convert does not call"
-            )
-        missing = [name for name in ("calculate_qparams", "dtype") if not hasattr(module, name)]
-        return (
-            "it is not an observer or fake-quantize module convert recognises (no "
-            + ", ".join(missing or ["qscheme"])
-            + ")"
-        )
-    inner = getattr(module, "activation_post_process", None) if is_fake_quant_module(module) else None
-    if callable(getattr(module, "convert", None)) or callable(getattr(inner, "convert", None)):
-        return (
-            "it converts itself (it has its own convert(), as torchao's affine observers do), which "
-            "quantweave's convert does not call"
-        )
-    return None
+    if is_observer_module(module) or convert_hook(module) is not None:
+        return None
+    missing = [name for name in ("calculate_qparams", "dtype") if not hasattr(module, name)]
+    return (
+        "it is not an observer or fake-quantize module convert recognises (no "
+        + ", ".join(missing or ["qscheme"])
+        + ")"
+    )
 
 
 def check_observers(observers: dict[EdgeOrNode, Any], label: Callable[[EdgeOrNode], str]) -> None:

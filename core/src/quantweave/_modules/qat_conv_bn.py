@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.fx import GraphModule, Node
+from torch.fx import Graph, GraphModule, Node
 from torch.nn.utils.fusion import fuse_conv_bn_weights
 
 from ..annotation import ANNOTATION_KEY, QuantizationAnnotation
@@ -174,7 +174,7 @@ def fold_simulated_conv_bn(gm: GraphModule) -> int:
         record = conv.meta.get(QAT_CONV_BN_KEY)
         if record is None:
             continue
-        bn = by_name.get(record["bn"])
+        bn = _find_batch_norm(graph, by_name, record)
         scaled_weight = by_name.get(record["scaled_weight"])
         zero_bias = by_name.get(record["zero_bias"]) if record["zero_bias"] else None
         call = None if bn is None else batch_norm_call(bn, _BN)
@@ -231,6 +231,22 @@ def fold_simulated_conv_bn(gm: GraphModule) -> int:
         del conv.meta[QAT_CONV_BN_KEY]
         folded += 1
     return folded
+
+
+def _find_batch_norm(graph: Graph, by_name: dict[str, Node], record: dict[str, Any]) -> Node | None:
+    """The batch norm of a rewritten pattern: the node named in ``record``, or -- when a pass
+    replaced it (torchao's ``move_exported_model_to_eval`` rewrites batch norm into a new
+    node) -- the one batch-norm node reading the same ``running_mean`` attribute."""
+    bn = by_name.get(record["bn"])
+    if bn is not None and batch_norm_call(bn, _BN) is not None:
+        return bn
+    found = []
+    for node in graph.nodes:
+        call = batch_norm_call(node, _BN)
+        mean = None if call is None else call.running_mean
+        if isinstance(mean, Node) and mean.op == "get_attr" and str(mean.target) == record["running_mean"]:
+            found.append(node)
+    return found[0] if len(found) == 1 else None
 
 
 def _transpose_groups(conv: Node) -> int:

@@ -14,16 +14,21 @@ from typing import Any
 import torch
 
 __all__ = [
+    "FLOAT8_DTYPES",
     "INTEGER_DTYPES",
     "INTEGER_DTYPE_RANGES",
+    "PLACEHOLDER_DTYPES",
     "PER_CHANNEL_QSCHEMES",
     "PER_TENSOR_QSCHEMES",
     "QSCHEMES",
     "SYMMETRIC_QSCHEMES",
     "dtype_range",
     "granularity",
+    "float8_range",
     "integer_dtype",
+    "is_float8_dtype",
     "is_integer_dtype",
+    "is_placeholder_dtype",
     "is_per_channel",
     "is_per_tensor",
     "is_symmetric",
@@ -41,6 +46,13 @@ _RANGES: dict[torch.dtype, tuple[int, int]] = {
 INTEGER_DTYPES: tuple[torch.dtype, ...] = tuple(_RANGES)
 #: read-only view: integer dtype -> (min, max)
 INTEGER_DTYPE_RANGES: Mapping[torch.dtype, tuple[int, int]] = MappingProxyType(_RANGES)
+
+#: the float8 dtypes a spec may quantize to (scale and zero point as for an integer dtype, the
+#: rounded values stored as float8 -- what torch's quantized_decomposed ops do for them)
+FLOAT8_DTYPES: tuple[torch.dtype, ...] = (torch.float8_e4m3fn, torch.float8_e5m2)
+#: float dtypes a spec may name as a *placeholder*: nothing is quantized (float32, bfloat16:
+#: the tensor is left as it is; float16: rounded through float16 and back, as torchao does)
+PLACEHOLDER_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
 
 #: torch's quantized dtypes (what older observers report as ``dtype``) -> their integer dtype
 _QUANTIZED_TO_INTEGER: dict[torch.dtype, torch.dtype] = {
@@ -71,6 +83,22 @@ def dtype_range(dtype: Any) -> tuple[int, int]:
         names = ", ".join(str(d) for d in INTEGER_DTYPES)
         raise ValueError(f"expected an integer dtype ({names}); got {dtype!r}")
     return _RANGES[dtype]
+
+
+def is_float8_dtype(dtype: Any) -> bool:
+    """True for the float8 dtypes of :data:`FLOAT8_DTYPES`."""
+    return isinstance(dtype, torch.dtype) and dtype in FLOAT8_DTYPES
+
+
+def is_placeholder_dtype(dtype: Any) -> bool:
+    """True for the float dtypes of :data:`PLACEHOLDER_DTYPES` (a spec that quantizes nothing)."""
+    return isinstance(dtype, torch.dtype) and dtype in PLACEHOLDER_DTYPES
+
+
+def float8_range(dtype: torch.dtype) -> tuple[int, int]:
+    """``(-max, max)`` of a float8 dtype, as ints (the bounds quant_min / quant_max may take)."""
+    high = int(torch.finfo(dtype).max)
+    return -high, high
 
 
 def integer_dtype(dtype: Any) -> Any:

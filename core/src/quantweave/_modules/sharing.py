@@ -34,7 +34,7 @@ from ..annotation import (
 )
 from ..errors import AnnotationError, SharingError
 from ..observers import DerivedObserver, FixedQParamsFakeQuantize, FixedQParamsObserver
-from .qtypes import dtype_range, is_per_channel
+from .qtypes import dtype_range, float8_range, is_float8_dtype, is_per_channel
 from .torch_compat import with_observer_kwargs
 
 _SHARING_ATTRS = (
@@ -280,6 +280,10 @@ def _make_observer(spec: QuantizationSpecBase, is_qat: bool) -> torch.nn.Module:
     }
     if is_per_channel(spec.qscheme):
         kwargs["ch_axis"] = spec.ch_axis
+    if is_float8_dtype(spec.dtype):  # bounds left None: the dtype's finite range
+        low, high = float8_range(spec.dtype)
+        kwargs["quant_min"] = low if spec.quant_min is None else spec.quant_min
+        kwargs["quant_max"] = high if spec.quant_max is None else spec.quant_max
     if getattr(spec, "group_size", None) is not None:  # group-wise: the observer must take group_size
         kwargs["group_size"] = spec.group_size
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
