@@ -17,8 +17,16 @@ now another name of the default ``HistogramObserver``); the converted models' qp
 outputs must be identical across them (checked, printed). ``--histogram-only`` measures the
 histogram-activation rows only.
 
+``--validation`` measures instead what ``quantweave.calibrate``'s transactional batches cost
+(issue #20: each batch checked against the exported program's inputs, the observers' state
+kept to roll a failed batch back, non-finite values looked for): a calibration pass with
+``qw.calibrate`` against the same pass as the plain loop ``calibrate`` was before
+(``prepared(*batch)`` under ``torch.no_grad()``), on two fresh ``prepare_pt2e`` of the same
+model per repetition, the order alternating; the overhead is the median of the per-repetition
+ratios minus 1 (target: at most 3 %). The observers' states must come out identical.
+
     python benchmarks/bench_calibration.py [--quick] [--repeat N] [--batches N] [--threads N] [--histogram-only]
-        [--json PATH]
+        [--validation] [--json PATH]
 """
 
 from __future__ import annotations
@@ -104,6 +112,69 @@ def measure(
     return statistics.median(ratios), statistics.median(float_ms), statistics.median(calib_ms), prepared
 
 
+def plain_loop(prepared: torch.fx.GraphModule, batches: list[tuple[torch.Tensor, ...]]) -> None:
+    """What ``quantweave.calibrate`` did per batch before issue #20 (no checks, no rollback)."""
+    with torch.no_grad():
+        for batch in batches:
+            prepared(*batch)
+
+
+def measure_validation(
+    exported: torch.fx.GraphModule, histogram: bool, batches: list[tuple[torch.Tensor, ...]], repeat: int
+) -> tuple[float, float, float, bool]:
+    """(median overhead ratio, plain ms per pass, calibrate ms per pass, states identical)."""
+    api = quantweave_api()
+    ratios, plain_ms, checked_ms = [], [], []
+    identical = True
+    with torch.no_grad():
+        exported(*batches[0])  # warm-up
+    for r in range(repeat):
+        models_ = [qw.prepare_pt2e(exported, make_reference_quantizer(api, histogram=histogram)) for _ in range(2)]
+        times = [0.0, 0.0]
+        for which in (0, 1) if r % 2 == 0 else (1, 0):
+            start = time.perf_counter()
+            if which == 0:
+                plain_loop(models_[0], batches)
+            else:
+                qw.calibrate(models_[1], batches, progress=False)
+            times[which] = time.perf_counter() - start
+        ratios.append(times[1] / times[0])
+        plain_ms.append(times[0] * 1e3)
+        checked_ms.append(times[1] * 1e3)
+        a, b = models_[0].state_dict(), models_[1].state_dict()
+        identical = identical and all(torch.equal(a[k], b[k]) for k in a)
+    return statistics.median(ratios), statistics.median(plain_ms), statistics.median(checked_ms), identical
+
+
+def main_validation(args: argparse.Namespace) -> int:
+    repeat = args.repeat or (5 if args.quick else 7)
+    n_batches = args.batches or 10
+    load_before = os.getloadavg()
+    print(f"load average at start: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}")
+    print(f"threads: {args.threads}, calibration batches: {n_batches}, repetitions (median): {repeat}")
+    header = f"{'model':<24} {'activations':<10} | {'plain ms':>9} {'calibrate ms':>12} {'overhead':>9} identical"
+    print(header)
+    print("-" * len(header))
+    results = []
+    for name, factory, make in cases(args.quick):
+        exported = torch.export.export(factory(), make(0)).module()
+        batches = [make(100 + i) for i in range(n_batches)]
+        for histogram in (True,) if args.histogram_only else (False, True):
+            kind = "histogram" if histogram else "minmax"
+            ratio, p_ms, c_ms, same = measure_validation(exported, histogram, batches, repeat)
+            print(f"{name:<24} {kind:<10} | {p_ms:9.2f} {c_ms:12.2f} {100 * (ratio - 1):8.2f}% {same}", flush=True)
+            results.append(
+                {"model": name, "activations": kind, "plain_ms": p_ms, "calibrate_ms": c_ms, "ratio": ratio}
+                | {"identical": same}
+            )
+    load_after = os.getloadavg()
+    print(f"load average at end: {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
+    if args.json_path:
+        with open(args.json_path, "w") as f:
+            json.dump({"results": results, "load": [load_before, load_after]}, f, indent=2)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small models (< 1 minute)")
@@ -111,10 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=None, help="calibration batches")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--histogram-only", action="store_true", help="only the histogram-activation rows")
+    parser.add_argument("--validation", action="store_true", help="qw.calibrate's checks and rollback vs a plain loop")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
+    if args.validation:
+        return main_validation(args)
     repeat = args.repeat or (2 if args.quick else 5)
     n_batches = args.batches or 10
     sets = observer_sets()

@@ -1,0 +1,265 @@
+"""The observers' state around one calibration batch: what to restore when it fails, and
+whether it brought non-finite values.
+
+:class:`ObserverStates` tracks every observer (and fake-quantize) module of a prepared model
+and the modules inside them (a fake-quantizer's observer): each buffer and parameter, and
+the plain Python attributes (``PerChannelMinMaxObserver._last_seen``, the counters of the
+``HistogramObserver``...). Only observers are tracked, never the model's own weights.
+
+It is cheap because it copies only what changed, in a few tensor ops. It keeps a copy of
+every tensor as it was after the last good batch, with the tensor's version counter (which
+every in-place op bumps) at the time; after each good batch it copies just the tensors whose
+object or version changed (a histogram, a running min/max; not a weight observer that
+skipped, nor an ``eps``), packed into one flat buffer per dtype (one ``stack`` / ``cat``, and
+one ``isfinite`` for the non-finite check below), whatever the number of observers. Python
+attributes are copied (a shallow dict per module) before every batch. On failure every
+changed tensor is put back -- the same tensor object, resized and refilled from its copy --
+and every attribute restored. The version counter is trusted only for the classes known to
+bump it (torch's and quantweave's observers and fake-quantizers, except
+``FusedMovingAvgObsFakeQuantize``, whose fused kernel does not): the tensors of any other
+observer class are copied after every batch, whatever it does (``tensor.data`` writes
+included).
+
+Non-finite data: after a batch, the floating-point tensors that changed must be finite (a
+NaN or an infinity reaching a min/max, moving-average, per-channel or fake-quantize
+observer ends up in its state), and no ``HistogramObserver`` may have counted a batch with
+non-finite values (torch's code drops infinities with a warning and fails on NaN).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .torch_compat import FusedMovingAvgObsFakeQuantize
+
+__all__ = ["NON_FINITE_ATTR", "ObserverStates"]
+
+#: the counter (int) quantweave's HistogramObserver increments for every batch with NaN or
+#: infinite values; an object in an observer's attributes may define ``snapshot_state()`` /
+#: ``restore_state(state)`` (the range recorder of ``quantweave.distributed.range_pass``)
+NON_FINITE_ATTR = "non_finite_batches"
+
+_MODULE_INTERNALS = frozenset(("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set", "training"))
+
+
+_MISSING = object()
+
+#: packed copies: (slots, flat buffer holding their tensors one after the other)
+Packed = list[tuple[list["_Slot"], torch.Tensor]]
+
+
+def _version_tracked(module: torch.nn.Module) -> bool:
+    """Whether every write of ``module`` to its tensors bumps their version counters: true of
+    torch's observer and fake-quantize classes (in-place ops) and quantweave's, except
+    ``FusedMovingAvgObsFakeQuantize``, whose fused kernel writes its min/max, scale and zero
+    point without bumping them. The tensors of any other class (a plugin's, a subclass
+    defined elsewhere) are copied before every batch: safe whatever it does."""
+    cls = type(module)
+    if issubclass(cls, FusedMovingAvgObsFakeQuantize):
+        return False
+    return cls.__module__.startswith(("torch.ao.quantization.", "quantweave."))
+
+
+def _version(t: torch.Tensor) -> int | None:
+    try:
+        return int(t._version)
+    except (RuntimeError, AttributeError):  # inference tensors keep no version counter
+        return None
+
+
+class _Slot:
+    """One tensor of an observer: where it lives (``container[key]`` of module ``owner``),
+    the tensor object, its version counter, and where its copy is: ``numel`` elements at
+    ``offset`` in the flat ``buffer``, of shape ``shape``."""
+
+    __slots__ = ("buffer", "container", "key", "numel", "offset", "owner", "shape", "tensor", "tracked", "version")
+
+    def __init__(self, owner: str, container: dict[str, Any], key: str, tracked: bool) -> None:
+        self.owner = owner
+        self.tracked = tracked  # False: the version counter cannot be trusted, copy every time
+        self.container = container
+        self.key = key
+        self.tensor: torch.Tensor | None = None
+        self.version: int | None = None
+        self.buffer: torch.Tensor | None = None
+        self.offset = 0
+        self.numel = 0
+        self.shape = torch.Size()
+
+    def changed(self) -> bool:
+        t = self.container.get(self.key)
+        if t is not self.tensor:
+            return True
+        return t is not None and (self.version is None or t._version != self.version)
+
+    def restore(self) -> None:
+        original = self.tensor
+        current = self.container.get(self.key)
+        if current is not original:
+            if original is None:
+                del self.container[self.key]
+                return
+            self.container[self.key] = original
+        elif original is None or (self.version is not None and original._version == self.version):
+            return
+        assert self.buffer is not None
+        saved = self.buffer[self.offset : self.offset + self.numel].reshape(self.shape)
+        with torch.no_grad():
+            if original.shape != saved.shape:
+                original.resize_(saved.shape)
+            original.copy_(saved)
+        self.version = _version(original)
+
+
+def _pack(slots: list[_Slot]) -> Packed:
+    """The slots' current tensors copied into a few flat buffers (one per dtype, device and
+    rank class: 0-d tensors stacked, 1-d ones concatenated, others flattened): a handful of
+    tensor ops whatever the number of observers."""
+    groups: dict[tuple[Any, ...], list[tuple[_Slot, torch.Tensor]]] = {}
+    for slot in slots:
+        t = slot.container.get(slot.key)
+        if t is None:
+            continue
+        rank = t.dim()
+        groups.setdefault((t.dtype, t.device, min(rank, 2)), []).append((slot, t))
+    packed = []
+    with torch.no_grad():
+        for (_, _, rank), items in groups.items():
+            tensors = [t for _, t in items]
+            if rank == 0:
+                buffer = torch.stack(tensors)
+            elif rank == 1:
+                buffer = torch.cat(tensors) if len(tensors) > 1 else tensors[0].clone()
+            else:
+                buffer = torch.cat([t.reshape(-1) for t in tensors])
+            packed.append(([slot for slot, _ in items], buffer))
+    return packed
+
+
+def _adopt(packed: Packed) -> None:
+    """The packed copies become the state the slots restore."""
+    for slots, buffer in packed:
+        offset = 0
+        for slot in slots:
+            t = slot.container[slot.key]
+            n = t.numel()
+            slot.tensor, slot.version = t, _version(t) if slot.tracked else None
+            slot.buffer, slot.offset, slot.numel, slot.shape = buffer, offset, n, t.shape
+            offset += n
+
+
+class ObserverStates:
+    """See the module docstring. ``observers``: name -> observer module."""
+
+    def __init__(self, observers: dict[str, torch.nn.Module]) -> None:
+        self.slots: list[_Slot] = []
+        self.modules: list[tuple[str, torch.nn.Module]] = []
+        histograms: list[tuple[str, Any]] = []
+        self.objects: list[tuple[str, Any]] = []  # objects with snapshot_state / restore_state
+        self.tracked: dict[int, bool] = {}
+        seen: set[int] = set()
+        for name, observer in observers.items():
+            tracked = all(_version_tracked(m) for m in observer.modules())
+            for sub_name, module in observer.named_modules(prefix=name):
+                if id(module) in seen:
+                    continue
+                seen.add(id(module))
+                self.modules.append((sub_name, module))
+                self.tracked[id(module)] = tracked
+                for container in (module._buffers, module._parameters):
+                    for key in container:
+                        self.slots.append(_Slot(sub_name, container, key, tracked))
+                if hasattr(type(module), NON_FINITE_ATTR):
+                    histograms.append((sub_name, module))
+                # objects with a state of their own in the module's attributes (found once: a
+                # range_pass is entered before calibrate, not during it)
+                self.objects += [
+                    (sub_name, obj)
+                    for obj in module.__dict__.values()
+                    if hasattr(type(obj), "snapshot_state") and hasattr(type(obj), "restore_state")
+                ]
+        self.counted = histograms + self.objects  # what counts batches with non-finite values
+        self.keys = [(m, len(m._buffers), len(m._parameters)) for _, m in self.modules]
+        self.dicts = [m.__dict__ for _, m in self.modules]
+        _adopt(_pack(self.slots))
+        self.attributes: list[dict[str, Any]] = []
+        self.states: list[Any] = []
+        self.counts: list[int] = []
+
+    # -- per batch ----------------------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Before a batch: copy the Python attributes (the tensors' copies are up to date)."""
+        self.attributes = [d.copy() for d in self.dicts]
+        self.states = [obj.snapshot_state() for _, obj in self.objects]
+        self.counts = [getattr(m, NON_FINITE_ATTR, 0) for _, m in self.counted]
+
+    def changed_slots(self) -> list[_Slot]:
+        """The tensors replaced or written in place since the last good batch."""
+        changed = []
+        for slot in self.slots:  # inlined _Slot.changed: this runs for every tensor after every batch
+            t = slot.container.get(slot.key)
+            if t is not slot.tensor or (t is not None and (slot.version is None or t._version != slot.version)):
+                changed.append(slot)
+        return changed
+
+    def check(self, changed: list[_Slot]) -> tuple[list[str], Packed]:
+        """After a batch: the observers that met NaN or infinite values in it (by name, in
+        order), and the changed tensors packed (the state to keep, if none did)."""
+        names = [
+            name
+            for (name, m), before in zip(self.counted, self.counts, strict=True)
+            if getattr(m, NON_FINITE_ATTR, 0) != before
+        ]
+        packed = _pack(changed)
+        for slots, buffer in packed:
+            # one reduction; a non-finite sum is either non-finite data or an overflow: look closer
+            if buffer.is_floating_point() and not math.isfinite(buffer.sum().item()) and not buffer.isfinite().all():
+                names += [s.owner for s in slots if not bool(torch.isfinite(s.container[s.key]).all())]
+        return list(dict.fromkeys(names)), packed
+
+    def non_finite(self) -> list[str]:
+        """The observers that met NaN or infinite values in a batch that failed."""
+        return self.check(self.changed_slots())[0]
+
+    def commit(self, packed: Packed) -> None:
+        """After a good batch: its state is the one to come back to."""
+        _adopt(packed)
+        if any((len(m._buffers), len(m._parameters)) != (b, p) for m, b, p in self.keys):
+            self._rescan()
+
+    def restore(self) -> None:
+        """After a failed batch: every tracked tensor and attribute as before it."""
+        for slot in self.slots:
+            slot.restore()
+        for current, saved in zip(self.dicts, self.attributes, strict=True):
+            for key in [k for k in current if k not in saved]:
+                del current[key]
+            for key, value in saved.items():
+                if key not in _MODULE_INTERNALS and current.get(key, _MISSING) is not value:
+                    current[key] = value
+        for (_, obj), state in zip(self.objects, self.states, strict=True):
+            obj.restore_state(state)
+        for module, buffers, parameters in self.keys:
+            for container, count in ((module._buffers, buffers), (module._parameters, parameters)):
+                if len(container) != count:  # a tensor registered during the failed batch
+                    tracked = {s.key for s in self.slots if s.container is container}
+                    for key in [k for k in container if k not in tracked]:
+                        del container[key]
+
+    def _rescan(self) -> None:
+        """Track the tensors an observer registered during a good batch."""
+        tracked = {(id(s.container), s.key) for s in self.slots}
+        added = [
+            _Slot(name, container, key, self.tracked[id(module)])
+            for name, module in self.modules
+            for container in (module._buffers, module._parameters)
+            for key in container
+            if (id(container), key) not in tracked
+        ]
+        _adopt(_pack(added))
+        self.slots += added
+        self.keys = [(m, len(m._buffers), len(m._parameters)) for _, m in self.modules]
