@@ -194,7 +194,10 @@ def _with(value: float, which: int) -> tuple[torch.Tensor, ...]:
 x, y, scale = inputs(3)
 MISMATCHES = {
     # case: (batch, what the message must name)
-    "wrong channel count": ((torch.randn(2, 4, 8, 8), y, scale), ["'x'", "positional input 0", "dimension 1", "3", "4"]),
+    "wrong channel count": (
+        (torch.randn(2, 4, 8, 8), y, scale),
+        ["'x'", "positional input 0", "dimension 1", "3", "4"],
+    ),
     "wrong spatial size": ((torch.randn(2, 3, 9, 9), y, scale), ["'x'", "dimension 2", "8", "9"]),
     "float64": ((x.double(), y, scale), ["'x'", "torch.float32", "torch.float64"]),
     "int batch": ((x, torch.randint(0, 9, (2, 6)), scale), ["'y'", "positional input 1", "torch.int64"]),
@@ -283,9 +286,7 @@ def test_non_finite_values_are_refused_naming_observer_node_and_batch(kind: str,
 def test_skip_policy_skips_the_batch_with_a_warning_and_a_count(kind: str) -> None:
     prepared = prepared_net(kind)
     with pytest.warns(RuntimeWarning, match=r"skipped batch 1: NaN or infinite values reached observer"):
-        result = qw.calibrate(
-            prepared, [good(4), _with(float("nan"), 0), good(5)], progress=False, non_finite="skip"
-        )
+        result = qw.calibrate(prepared, [good(4), _with(float("nan"), 0), good(5)], progress=False, non_finite="skip")
     assert result.skipped == (1,) and result.batches == 2
     assert "1 skipped (non-finite values)" in str(result)
     reference = prepared_net(kind)

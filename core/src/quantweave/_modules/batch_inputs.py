@@ -137,6 +137,7 @@ class InputSignature:
         """', input 'y' (positional input 1): expected ..., got ...' for the first input
         whose structure differs from the program's."""
         names = list(self.signature.parameters) if self.signature is not None else []
+        assert self.in_spec is not None
         for group in (0, 1):
             want, got = self.in_spec.child(group), spec.child(group)
             wanted = list(want.context) if group else list(range(want.num_children))
