@@ -55,7 +55,9 @@ class UnknownQuantizerError(LookupError):
 
 class SerializationError(ValueError):
     """``quantweave.save`` was given a model it cannot save: a prepared model that was not
-    converted (the message names its first observer), or not a GraphModule."""
+    converted (the message names its first observer), or not a GraphModule; or
+    ``quantweave.load`` a file it cannot load (the message names the file and says what it
+    is: not an archive, truncated, a ``torch.save`` state dict, written by a newer quantweave)."""
 
 
 class CalibrationInputError(ValueError):
