@@ -19,11 +19,12 @@ histogram-activation rows only.
 
 ``--validation`` measures instead what ``quantweave.calibrate``'s transactional batches cost
 (issue #20: each batch checked against the exported program's inputs, the observers' state
-kept to roll a failed batch back, non-finite values looked for): a calibration pass with
-``qw.calibrate`` against the same pass as the plain loop ``calibrate`` was before
-(``prepared(*batch)`` under ``torch.no_grad()``), on two fresh ``prepare_pt2e`` of the same
-model per repetition, the order alternating; the overhead is the median of the per-repetition
-ratios minus 1 (target: at most 3 %). The observers' states must come out identical.
+kept to roll a failed batch back, non-finite values looked for): each batch run as
+``qw.calibrate`` runs it against the plain ``prepared(*batch)`` calibrate was before, on two
+fresh ``prepare_pt2e`` of the same model per repetition, interleaved batch by batch (the
+order alternating), with the checked side's set-up counted; the overhead is the median of the
+per-repetition ratios minus 1 (target: at most 3 % of a calibration pass). The observers'
+states must come out identical.
 
     python benchmarks/bench_calibration.py [--quick] [--repeat N] [--batches N] [--threads N] [--histogram-only]
         [--validation] [--json PATH]
@@ -122,27 +123,48 @@ def plain_loop(prepared: torch.fx.GraphModule, batches: list[tuple[torch.Tensor,
 def measure_validation(
     exported: torch.fx.GraphModule, histogram: bool, batches: list[tuple[torch.Tensor, ...]], repeat: int
 ) -> tuple[float, float, float, bool]:
-    """(median overhead ratio, plain ms per pass, calibrate ms per pass, states identical)."""
+    """(median overhead ratio, plain ms per pass, calibrate ms per pass, states identical).
+
+    Per repetition, two fresh ``prepare_pt2e`` of the model: one runs each batch the way
+    ``qw.calibrate`` does (``BatchGuard.run``: check, run, look for non-finite values, keep
+    the state), the other the plain loop; the two are interleaved batch by batch, the order
+    alternating, so machine load weighs on both alike. The guard's set-up (reading the
+    inputs and observers, the first copy of their state) and the result ``qw.calibrate``
+    computes at the end count on the checked side."""
+    from quantweave._modules.batch_guard import BatchGuard
+    from quantweave.calibration import _observers, _saw_data
+
     api = quantweave_api()
     ratios, plain_ms, checked_ms = [], [], []
     identical = True
     with torch.no_grad():
         exported(*batches[0])  # warm-up
-    for r in range(repeat):
-        models_ = [qw.prepare_pt2e(exported, make_reference_quantizer(api, histogram=histogram)) for _ in range(2)]
-        times = [0.0, 0.0]
-        for which in (0, 1) if r % 2 == 0 else (1, 0):
+        for r in range(repeat):
+            checked, plain = (
+                qw.prepare_pt2e(exported, make_reference_quantizer(api, histogram=h)) for h in [histogram] * 2
+            )
             start = time.perf_counter()
-            if which == 0:
-                plain_loop(models_[0], batches)
-            else:
-                qw.calibrate(models_[1], batches, progress=False)
-            times[which] = time.perf_counter() - start
-        ratios.append(times[1] / times[0])
-        plain_ms.append(times[0] * 1e3)
-        checked_ms.append(times[1] * 1e3)
-        a, b = models_[0].state_dict(), models_[1].state_dict()
-        identical = identical and all(torch.equal(a[k], b[k]) for k in a)
+            observers = _observers(checked)
+            guard = BatchGuard(checked, observers, skip_non_finite=False)
+            t_checked = time.perf_counter() - start
+            t_plain = 0.0
+            for i, batch in enumerate(batches):
+                for which in (0, 1) if (i + r) % 2 == 0 else (1, 0):
+                    start = time.perf_counter()
+                    if which == 0:
+                        plain(*batch)
+                        t_plain += time.perf_counter() - start
+                    else:
+                        guard.run(batch, i)
+                        t_checked += time.perf_counter() - start
+            start = time.perf_counter()
+            sum(1 for m in observers.values() if _saw_data(m))  # what qw.calibrate reports at the end
+            t_checked += time.perf_counter() - start
+            ratios.append(t_checked / t_plain)
+            plain_ms.append(t_plain * 1e3)
+            checked_ms.append(t_checked * 1e3)
+            a, b = plain.state_dict(), checked.state_dict()
+            identical = identical and all(torch.equal(a[k], b[k]) for k in a)
     return statistics.median(ratios), statistics.median(plain_ms), statistics.median(checked_ms), identical
 
 

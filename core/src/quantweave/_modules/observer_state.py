@@ -89,12 +89,6 @@ class _Slot:
         self.numel = 0
         self.shape = torch.Size()
 
-    def changed(self) -> bool:
-        t = self.container.get(self.key)
-        if t is not self.tensor:
-            return True
-        return t is not None and (self.version is None or t._version != self.version)
-
     def restore(self) -> None:
         original = self.tensor
         current = self.container.get(self.key)
@@ -182,7 +176,7 @@ class ObserverStates:
                     if hasattr(type(obj), "snapshot_state") and hasattr(type(obj), "restore_state")
                 ]
         self.counted = histograms + self.objects  # what counts batches with non-finite values
-        self.keys = [(m, len(m._buffers), len(m._parameters)) for _, m in self.modules]
+        self._index()
         self.dicts = [m.__dict__ for _, m in self.modules]
         _adopt(_pack(self.slots))
         self.attributes: list[dict[str, Any]] = []
@@ -198,13 +192,15 @@ class ObserverStates:
         self.counts = [getattr(m, NON_FINITE_ATTR, 0) for _, m in self.counted]
 
     def changed_slots(self) -> list[_Slot]:
-        """The tensors replaced or written in place since the last good batch."""
-        changed = []
-        for slot in self.slots:  # inlined _Slot.changed: this runs for every tensor after every batch
-            t = slot.container.get(slot.key)
-            if t is not slot.tensor or (t is not None and (slot.version is None or t._version != slot.version)):
-                changed.append(slot)
-        return changed
+        """The tensors replaced or written in place since the last good batch (this runs
+        for every tracked tensor after every batch: the lookups are done by ``map``)."""
+        slots = self.slots
+        current = list(map(dict.get, self.containers, self.names))
+        return [
+            slot
+            for slot, t in zip(slots, current, strict=True)
+            if t is not slot.tensor or (t is not None and (slot.version is None or t._version != slot.version))
+        ]
 
     def check(self, changed: list[_Slot]) -> tuple[list[str], Packed]:
         """After a batch: the observers that met NaN or infinite values in it (by name, in
@@ -228,7 +224,7 @@ class ObserverStates:
     def commit(self, packed: Packed) -> None:
         """After a good batch: its state is the one to come back to."""
         _adopt(packed)
-        if any((len(m._buffers), len(m._parameters)) != (b, p) for m, b, p in self.keys):
+        if sum(map(len, self.all_containers)) != self.registered:
             self._rescan()
 
     def restore(self) -> None:
@@ -262,4 +258,12 @@ class ObserverStates:
         ]
         _adopt(_pack(added))
         self.slots += added
+        self._index()
+
+    def _index(self) -> None:
+        """Lookup tables for :meth:`changed_slots` and :meth:`commit`."""
+        self.containers = [s.container for s in self.slots]
+        self.names = [s.key for s in self.slots]
         self.keys = [(m, len(m._buffers), len(m._parameters)) for _, m in self.modules]
+        self.all_containers = [c for _, m in self.modules for c in (m._buffers, m._parameters)]
+        self.registered = sum(map(len, self.all_containers))
