@@ -4,7 +4,8 @@ Each case calibrates one good batch, then feeds a bad one, and asserts the excep
 that the message names what is at fault (the input, the batch, the observer and its node),
 and that the observers' state (bit-identical state dicts and Python attributes) and the
 model's own weights are exactly what they were before the bad batch. Observer kinds: min/max,
-per-channel, histogram, moving-average, and the fake-quantizers of QAT.
+per-channel, histogram, per-group (weights), moving-average, and the fake-quantizers of QAT
+(FakeQuantize and the fused FusedMovingAvgObsFakeQuantize).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from quantweave.observers import (
     MovingAverageMinMaxObserver,
     MovingAveragePerChannelMinMaxObserver,
     PerChannelMinMaxObserver,
+    PerGroupMinMaxObserver,
     is_observer_module,
 )
 
@@ -55,16 +57,20 @@ def _spec(dtype: torch.dtype, qscheme: torch.qscheme, ctr: Any, ch_axis: int | N
 
 
 class WeightedOps(qw.Quantizer):
-    """Input, weight and output of every conv2d / linear."""
+    """Input, weight and output of every conv2d / linear (``linear_weight``: another spec
+    for the linear's weight)."""
 
-    def __init__(self, act: qw.QuantizationSpec, weight: qw.QuantizationSpec) -> None:
-        self.act, self.weight = act, weight
+    def __init__(
+        self, act: qw.QuantizationSpec, weight: qw.QuantizationSpec, linear_weight: qw.QuantizationSpec | None = None
+    ) -> None:
+        self.act, self.weight, self.linear_weight = act, weight, linear_weight or weight
 
     def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         for node in model.graph.nodes:
             if node.target in (aten.conv2d.default, aten.linear.default):
+                weight = self.linear_weight if node.target == aten.linear.default else self.weight
                 node.meta[qw.ANNOTATION_KEY] = qw.QuantizationAnnotation(
-                    input_qspec_map={node.args[0]: self.act, node.args[1]: self.weight},
+                    input_qspec_map={node.args[0]: self.act, node.args[1]: weight},
                     output_qspec=self.act,
                     _annotated=True,
                 )
@@ -84,6 +90,8 @@ KINDS: dict[str, tuple[qw.QuantizationSpec, qw.QuantizationSpec, bool]] = {
         False,
     ),
     "histogram": (_spec(U8, torch.per_tensor_affine, HistogramObserver), PER_CHANNEL_W, False),
+    # the linear's weight (4 x 6) in groups of 2: PerGroupMinMaxObserver replaces its buffers
+    "per_group": (_spec(U8, torch.per_tensor_affine, MinMaxObserver), PER_CHANNEL_W, False),
     "moving_average": (
         _spec(U8, torch.per_tensor_affine, MovingAverageMinMaxObserver),
         _spec(I8, torch.per_channel_symmetric, MovingAveragePerChannelMinMaxObserver, ch_axis=0),
@@ -112,6 +120,19 @@ KINDS: dict[str, tuple[qw.QuantizationSpec, qw.QuantizationSpec, bool]] = {
 }
 
 
+LINEAR_WEIGHT = {
+    "per_group": qw.QuantizationSpec(
+        dtype=torch.int8,
+        quant_min=-8,
+        quant_max=7,
+        qscheme=torch.per_channel_symmetric,
+        ch_axis=0,
+        group_size=2,
+        observer_or_fake_quant_ctr=PerGroupMinMaxObserver,
+    )
+}
+
+
 def inputs(seed: int = 0, batch: int = 2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(batch, 3, 8, 8, generator=g), torch.randn(batch, 6, generator=g), torch.tensor(1.5)
@@ -134,7 +155,7 @@ def prepared_net(kind: str, dynamic: bool = False) -> torch.fx.GraphModule:
     act, weight, qat = KINDS[kind]
     exported = exported_net(qat, dynamic)
     prepare = qw.prepare_qat_pt2e if qat else qw.prepare_pt2e
-    prepared = prepare(exported, WeightedOps(act, weight))
+    prepared = prepare(exported, WeightedOps(act, weight, LINEAR_WEIGHT.get(kind)))
     qw.calibrate(prepared, [good(1)], progress=False)  # a state to keep
     return prepared
 
