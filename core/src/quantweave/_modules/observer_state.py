@@ -29,6 +29,7 @@ non-finite values (torch's code drops infinities with a warning and fails on NaN
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -46,6 +47,8 @@ _MODULE_INTERNALS = frozenset(("_parameters", "_buffers", "_modules", "_non_pers
 
 
 _MISSING = object()
+#: attribute types that never carry a snapshot_state protocol (skipped cheaply)
+_PLAIN = frozenset((bool, int, float, str, type(None), dict, OrderedDict, list, tuple, set, torch.dtype, torch.qscheme))
 
 #: packed copies: (slots, flat buffer holding their tensors one after the other)
 Packed = list[tuple[list["_Slot"], torch.Tensor]]
@@ -173,7 +176,9 @@ class ObserverStates:
                 self.objects += [
                     (sub_name, obj)
                     for obj in module.__dict__.values()
-                    if hasattr(type(obj), "snapshot_state") and hasattr(type(obj), "restore_state")
+                    if type(obj) not in _PLAIN
+                    and hasattr(type(obj), "snapshot_state")
+                    and hasattr(type(obj), "restore_state")
                 ]
         self.counted = histograms + self.objects  # what counts batches with non-finite values
         self._index()
