@@ -28,12 +28,16 @@ non-finite values (torch's code drops infinities with a warning and fails on NaN
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from collections import OrderedDict
 from typing import Any
 
 import torch
 
+from . import torch_compat as tc
+from .group_observer import PerGroupMinMaxObserver
 from .torch_compat import FusedMovingAvgObsFakeQuantize
 
 __all__ = ["NON_FINITE_ATTR", "ObserverStates"]
@@ -52,6 +56,38 @@ _PLAIN = frozenset((bool, int, float, str, type(None), dict, OrderedDict, list, 
 
 #: packed copies: (slots, flat buffer holding their tensors one after the other)
 Packed = list[tuple[list["_Slot"], torch.Tensor]]
+
+
+_get_version = operator.attrgetter("_version")
+
+
+def _attributes_written(module: torch.nn.Module) -> tuple[str, ...] | None:
+    """The plain attributes ``module``'s forward may write, for the classes whose forward is
+    known (exact classes: torch's observers and fake-quantizers write none, quantweave's
+    ``PerChannelMinMaxObserver`` its ``_last_seen``, its ``HistogramObserver`` its
+    non-finite counter); None for any other class: its whole ``__dict__`` is copied."""
+    from .. import observers as qo  # quantweave.observers imports this package's modules
+
+    cls = type(module)
+    if cls is qo.PerChannelMinMaxObserver:
+        return ("_last_seen",)
+    if cls is qo.HistogramObserver:
+        return (NON_FINITE_ATTR,)
+    known = (
+        tc.MinMaxObserver,
+        tc.PerChannelMinMaxObserver,
+        tc.MovingAverageMinMaxObserver,
+        tc.MovingAveragePerChannelMinMaxObserver,
+        tc.HistogramObserver,
+        tc.FixedQParamsObserver,
+        tc.PlaceholderObserver,
+        tc.FakeQuantize,
+        tc.FixedQParamsFakeQuantize,
+        tc.FusedMovingAvgObsFakeQuantize,
+        PerGroupMinMaxObserver,
+        qo.DerivedObserver,
+    )
+    return () if cls in known else None
 
 
 def _version_tracked(module: torch.nn.Module) -> bool:
@@ -78,9 +114,22 @@ class _Slot:
     the tensor object, its version counter, and where its copy is: ``numel`` elements at
     ``offset`` in the flat ``buffer``, of shape ``shape``."""
 
-    __slots__ = ("buffer", "container", "key", "numel", "offset", "owner", "shape", "tensor", "tracked", "version")
+    __slots__ = (
+        "buffer",
+        "container",
+        "index",
+        "key",
+        "numel",
+        "offset",
+        "owner",
+        "shape",
+        "tensor",
+        "tracked",
+        "version",
+    )
 
     def __init__(self, owner: str, container: dict[str, Any], key: str, tracked: bool) -> None:
+        self.index = -1  # position in ObserverStates.slots
         self.owner = owner
         self.tracked = tracked  # False: the version counter cannot be trusted, copy every time
         self.container = container
@@ -136,16 +185,20 @@ def _pack(slots: list[_Slot]) -> Packed:
     return packed
 
 
-def _adopt(packed: Packed) -> None:
-    """The packed copies become the state the slots restore."""
+def _adopt(packed: Packed, tensors: list[Any], versions: list[Any]) -> None:
+    """The packed copies become the state the slots restore (``tensors`` / ``versions``:
+    the lookup lists of :meth:`ObserverStates.changed_slots`, by slot index)."""
     for slots, buffer in packed:
         offset = 0
         for slot in slots:
             t = slot.container[slot.key]
             n = t.numel()
-            slot.tensor, slot.version = t, _version(t) if slot.tracked else None
+            version = _version(t) if slot.tracked else None
+            slot.tensor, slot.version = t, version
             slot.buffer, slot.offset, slot.numel, slot.shape = buffer, offset, n, t.shape
             offset += n
+            if slot.index >= 0:
+                tensors[slot.index], versions[slot.index] = t, version
 
 
 class ObserverStates:
@@ -181,31 +234,45 @@ class ObserverStates:
                     and hasattr(type(obj), "restore_state")
                 ]
         self.counted = histograms + self.objects  # what counts batches with non-finite values
+        self.tensors: list[Any] = []
+        self.versions: list[Any] = []
         self._index()
         self.dicts = [m.__dict__ for _, m in self.modules]
-        _adopt(_pack(self.slots))
-        self.attributes: list[dict[str, Any]] = []
+        self.plans = [_attributes_written(m) for _, m in self.modules]
+        _adopt(_pack(self.slots), self.tensors, self.versions)
+        self.attributes: list[Any] = []
         self.states: list[Any] = []
         self.counts: list[int] = []
 
     # -- per batch ----------------------------------------------------------------------------
 
     def begin(self) -> None:
-        """Before a batch: copy the Python attributes (the tensors' copies are up to date)."""
-        self.attributes = [d.copy() for d in self.dicts]
+        """Before a batch: copy the Python attributes the observers may write (the
+        tensors' copies are up to date)."""
+        self.attributes = [
+            d.copy() if plan is None else tuple(d.get(k, _MISSING) for k in plan) if plan else ()
+            for d, plan in zip(self.dicts, self.plans, strict=True)
+        ]
         self.states = [obj.snapshot_state() for _, obj in self.objects]
         self.counts = [getattr(m, NON_FINITE_ATTR, 0) for _, m in self.counted]
 
     def changed_slots(self) -> list[_Slot]:
-        """The tensors replaced or written in place since the last good batch (this runs
-        for every tracked tensor after every batch: the lookups are done by ``map``)."""
-        slots = self.slots
+        """The tensors replaced or written in place since the last good batch. This runs
+        for every tracked tensor after every batch: the lookups and comparisons are
+        ``map`` s over lists (an untracked slot's version is None: never equal)."""
         current = list(map(dict.get, self.containers, self.names))
-        return [
-            slot
-            for slot, t in zip(slots, current, strict=True)
-            if t is not slot.tensor or (t is not None and (slot.version is None or t._version != slot.version))
-        ]
+        try:
+            versions = list(map(_get_version, current))
+        except (AttributeError, RuntimeError):  # a tensor set to None, an inference tensor
+            return [
+                slot
+                for slot, t in zip(self.slots, current, strict=True)
+                if t is not slot.tensor or (t is not None and (slot.version is None or _version(t) != slot.version))
+            ]
+        flags = map(
+            operator.or_, map(operator.is_not, current, self.tensors), map(operator.ne, versions, self.versions)
+        )
+        return list(itertools.compress(self.slots, flags))
 
     def check(self, changed: list[_Slot]) -> tuple[list[str], Packed]:
         """After a batch: the observers that met NaN or infinite values in it (by name, in
@@ -228,7 +295,7 @@ class ObserverStates:
 
     def commit(self, packed: Packed) -> None:
         """After a good batch: its state is the one to come back to."""
-        _adopt(packed)
+        _adopt(packed, self.tensors, self.versions)
         if sum(map(len, self.all_containers)) != self.registered:
             self._rescan()
 
@@ -236,11 +303,21 @@ class ObserverStates:
         """After a failed batch: every tracked tensor and attribute as before it."""
         for slot in self.slots:
             slot.restore()
-        for current, saved in zip(self.dicts, self.attributes, strict=True):
-            for key in [k for k in current if k not in saved]:
-                del current[key]
-            for key, value in saved.items():
-                if key not in _MODULE_INTERNALS and current.get(key, _MISSING) is not value:
+        self.tensors = [s.tensor for s in self.slots]
+        self.versions = [s.version for s in self.slots]
+        for current, plan, saved in zip(self.dicts, self.plans, self.attributes, strict=True):
+            if plan is None:  # the whole __dict__ was copied
+                assert isinstance(saved, dict)
+                for key in [k for k in current if k not in saved]:
+                    del current[key]
+                for key, value in saved.items():
+                    if key not in _MODULE_INTERNALS and current.get(key, _MISSING) is not value:
+                        current[key] = value
+                continue
+            for key, value in zip(plan, saved, strict=True):
+                if value is _MISSING:
+                    current.pop(key, None)
+                elif current.get(key, _MISSING) is not value:
                     current[key] = value
         for (_, obj), state in zip(self.objects, self.states, strict=True):
             obj.restore_state(state)
@@ -261,12 +338,16 @@ class ObserverStates:
             for key in container
             if (id(container), key) not in tracked
         ]
-        _adopt(_pack(added))
         self.slots += added
         self._index()
+        _adopt(_pack(added), self.tensors, self.versions)
 
     def _index(self) -> None:
         """Lookup tables for :meth:`changed_slots` and :meth:`commit`."""
+        for i, slot in enumerate(self.slots):
+            slot.index = i
+        self.tensors = [s.tensor for s in self.slots]
+        self.versions = [s.version for s in self.slots]
         self.containers = [s.container for s in self.slots]
         self.names = [s.key for s in self.slots]
         self.keys = [(m, len(m._buffers), len(m._parameters)) for _, m in self.modules]
