@@ -54,8 +54,10 @@ _MISSING = object()
 #: attribute types that never carry a snapshot_state protocol (skipped cheaply)
 _PLAIN = frozenset((bool, int, float, str, type(None), dict, OrderedDict, list, tuple, set, torch.dtype, torch.qscheme))
 
-#: packed copies: (slots, flat buffer holding their tensors one after the other)
-Packed = list[tuple[list["_Slot"], torch.Tensor]]
+#: packed copies: (slots, flat buffer holding their tensors one after the other, or the
+#: Python numbers of 0-d tensors)
+Packed = list[tuple[list["_Slot"], "torch.Tensor | list[Any]"]]
+_item = operator.methodcaller("item")
 
 
 _get_version = operator.attrgetter("_version")
@@ -136,7 +138,7 @@ class _Slot:
         self.key = key
         self.tensor: torch.Tensor | None = None
         self.version: int | None = None
-        self.buffer: torch.Tensor | None = None
+        self.buffer: torch.Tensor | list[Any] | None = None
         self.offset = 0
         self.numel = 0
         self.shape = torch.Size()
@@ -152,37 +154,53 @@ class _Slot:
         elif original is None or (self.version is not None and original._version == self.version):
             return
         assert self.buffer is not None
-        saved = self.buffer[self.offset : self.offset + self.numel].reshape(self.shape)
         with torch.no_grad():
-            if original.shape != saved.shape:
-                original.resize_(saved.shape)
-            original.copy_(saved)
+            if original.shape != self.shape:
+                original.resize_(self.shape)
+            if isinstance(self.buffer, list):  # a 0-d tensor, kept as a Python number
+                original.fill_(self.buffer[self.offset])
+            else:
+                original.copy_(self.buffer[self.offset : self.offset + self.numel].reshape(self.shape))
         self.version = _version(original)
 
 
 def _pack(slots: list[_Slot]) -> Packed:
     """The slots' current tensors copied into a few flat buffers (one per dtype, device and
-    rank class: 0-d tensors stacked, 1-d ones concatenated, others flattened): a handful of
-    tensor ops whatever the number of observers."""
+    rank class: 1-d tensors concatenated, others flattened; 0-d ones -- a min/max observer's
+    state -- read as Python numbers, which ``item`` does faster than ``stack`` copies them):
+    a handful of tensor ops whatever the number of observers."""
     groups: dict[tuple[Any, ...], list[tuple[_Slot, torch.Tensor]]] = {}
     for slot in slots:
         t = slot.container.get(slot.key)
         if t is None:
             continue
         rank = t.dim()
-        groups.setdefault((t.dtype, t.device, min(rank, 2)), []).append((slot, t))
-    packed = []
+        key = (t.dtype, rank) if rank == 0 else (t.dtype, t.device, min(rank, 2))  # item() needs no device
+        groups.setdefault(key, []).append((slot, t))
+    packed: Packed = []
     with torch.no_grad():
-        for (_, _, rank), items in groups.items():
+        for key, items in groups.items():
+            rank = key[-1]
             tensors = [t for _, t in items]
+            buffer: torch.Tensor | list[Any]
             if rank == 0:
-                buffer = torch.stack(tensors)
+                buffer = list(map(_item, tensors))
             elif rank == 1:
                 buffer = torch.cat(tensors) if len(tensors) > 1 else tensors[0].clone()
             else:
                 buffer = torch.cat([t.reshape(-1) for t in tensors])
             packed.append(([slot for slot, _ in items], buffer))
     return packed
+
+
+def _finite(buffer: torch.Tensor | list[Any]) -> bool:
+    """Whether a packed buffer holds only finite values (one reduction for a tensor; a
+    non-finite sum is either non-finite data or an overflow: then look closer)."""
+    if isinstance(buffer, list):
+        return all(map(math.isfinite, buffer)) if buffer and isinstance(buffer[0], float) else True
+    if not buffer.is_floating_point():
+        return True
+    return math.isfinite(buffer.sum().item()) or bool(buffer.isfinite().all())
 
 
 def _adopt(packed: Packed, tensors: list[Any], versions: list[Any]) -> None:
@@ -284,8 +302,7 @@ class ObserverStates:
         ]
         packed = _pack(changed)
         for slots, buffer in packed:
-            # one reduction; a non-finite sum is either non-finite data or an overflow: look closer
-            if buffer.is_floating_point() and not math.isfinite(buffer.sum().item()) and not buffer.isfinite().all():
+            if not _finite(buffer):
                 names += [s.owner for s in slots if not bool(torch.isfinite(s.container[s.key]).all())]
         return list(dict.fromkeys(names)), packed
 
