@@ -10,9 +10,12 @@ It is cheap because it copies only what changed, in a few tensor ops. It keeps a
 every tensor as it was after the last good batch, with the tensor's version counter (which
 every in-place op bumps) at the time; after each good batch it copies just the tensors whose
 object or version changed (a histogram, a running min/max; not a weight observer that
-skipped, nor an ``eps``), packed into one flat buffer per dtype (one ``stack`` / ``cat``, and
-one ``isfinite`` for the non-finite check below), whatever the number of observers. Python
-attributes are copied (a shallow dict per module) before every batch. On failure every
+skipped, nor an ``eps``): 0-d ones as Python numbers, the others packed into one flat buffer
+per dtype (one ``cat``, and one reduction for the non-finite check below), whatever the
+number of observers. Python attributes: for the observer classes whose ``forward`` is known,
+only those it writes (none for torch's, ``_last_seen`` for quantweave's per-channel one, the
+non-finite counter for its histogram one); for any other class, a shallow copy of its
+``__dict__`` before every batch. On failure every
 changed tensor is put back -- the same tensor object, resized and refilled from its copy --
 and every attribute restored. The version counter is trusted only for the classes known to
 bump it (torch's and quantweave's observers and fake-quantizers, except
