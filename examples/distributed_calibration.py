@@ -75,13 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     shard = batches[rank::world]
 
     start = time.perf_counter()
-    with torch.no_grad():
-        if args.range_pass:
-            with qwd.range_pass(prepared, timeout=args.timeout):
-                for batch in shard:
-                    prepared(*batch)
-        for batch in shard:
-            prepared(*batch)
+    # qw.calibrate: each batch checked against the exported inputs, and rolled back if it fails
+    if args.range_pass:
+        with qwd.range_pass(prepared, timeout=args.timeout):
+            qw.calibrate(prepared, shard, progress=False)
+    qw.calibrate(prepared, shard, progress=False)
     calibrate_s = time.perf_counter() - start
     summary = qwd.sync_observers(prepared, timeout=args.timeout)
 

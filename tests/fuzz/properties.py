@@ -385,3 +385,42 @@ def noise_sqnr(case: Case, weight_bits: int) -> list[float]:
     with torch.no_grad():
         noisy = _Noisy(reference_model, case.ranges, 8, weight_bits).run(*clone_inputs(case.test_inputs))
     return [sqnr(ref, out) for ref, out in zip(case.reference, flat_outputs(noisy), strict=True)]
+
+
+# -- a batch the exported program rejects changes no observer (issue #20) ------------------------
+
+_MODULE_INTERNALS = {"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"}
+
+
+def observer_state(prepared: GraphModule) -> dict[str, Any]:
+    """The observers' state dicts as raw bits, and their Python attributes: what a rejected
+    batch must leave exactly as it was. (Not the model's own buffers: a model that writes a
+    buffer in forward has written it when an observer fails later in the same forward;
+    calibrate restores observers, not the model.)"""
+    observers = [(n, m) for n, m in prepared.named_modules() if qw.observers.is_observer_module(m)]
+    state = {
+        k: (v.dtype, tuple(v.shape), v.detach().reshape(-1).clone().view(torch.uint8) if v.dtype != torch.bool else v)
+        for name, m in observers
+        for k, v in m.state_dict(prefix=f"{name}.").items()
+    }
+    attributes = {name: {k: v for k, v in vars(m).items() if k not in _MODULE_INTERNALS} for name, m in observers}
+    return {"state": state, "attributes": attributes}
+
+
+def observer_state_problems(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    problems = []
+    if before["state"].keys() != after["state"].keys():
+        problems.append(f"state dict keys changed: {sorted(set(before['state']) ^ set(after['state']))}")
+    for key, (dtype, shape, bits) in before["state"].items():
+        if key not in after["state"]:
+            continue
+        now = after["state"][key]
+        if now[0] != dtype or now[1] != shape or not torch.equal(now[2], bits):
+            problems.append(f"{key} changed")
+    for name, attrs in before["attributes"].items():
+        now = after["attributes"].get(name, {})
+        for k, v in attrs.items():
+            if k not in now or not (now[k] is v or now[k] == v):
+                problems.append(f"{name}.{k} changed")
+        problems += [f"{name}.{k} added" for k in now if k not in attrs]
+    return problems

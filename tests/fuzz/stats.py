@@ -18,6 +18,8 @@ ATEN: Counter[str] = Counter()
 ERRORS: Counter[str] = Counter()
 #: float nodes skipped by a known gap (gap name)
 GAPS: Counter[str] = Counter()
+#: broken calibration batches (issue #20): "mutation: raised" / "mutation: accepted"
+REJECTED: Counter[str] = Counter()
 
 
 def record_model(test: str, kinds: set[str], exported: GraphModule) -> None:
@@ -41,4 +43,6 @@ def summary() -> list[str]:
         lines.append("documented errors raised: " + ", ".join(f"{k}: {v}" for k, v in sorted(ERRORS.items())))
     if GAPS:
         lines.append("float nodes excused by a known gap: " + ", ".join(f"{k}: {v}" for k, v in sorted(GAPS.items())))
+    if REJECTED:
+        lines.append("broken calibration batches: " + ", ".join(f"{k}: {v}" for k, v in sorted(REJECTED.items())))
     return lines

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.fx import GraphModule
 
+from ._modules.batch_guard import BatchGuard
 from .observers import (
     DerivedObserver,
     FakeQuantizeBase,
@@ -50,7 +51,7 @@ ProgressCallback = Callable[[int, int | None], None]
 
 @dataclass(frozen=True)
 class CalibrationResult:
-    """What calibration did: ``batches`` run; ``observers``: the distinct observer (or
+    """What calibration did: ``batches`` run (and kept); ``observers``: the distinct observer (or
     fake-quantize) modules that learn from data (fixed-qparams, dynamic placeholder and
     derived observers need none and are not counted); ``observed``: those that saw data;
     ``not_observed``: the names of those that saw none (weight observers see their
@@ -60,10 +61,13 @@ class CalibrationResult:
     observers: int
     observed: int
     not_observed: tuple[str, ...] = ()
+    #: indices of the batches skipped for non-finite values (``non_finite="skip"``)
+    skipped: tuple[int, ...] = ()
 
     def __str__(self) -> str:
         missing = f"; no data reached {', '.join(self.not_observed)}" if self.not_observed else ""
-        return f"{self.batches} batches, {self.observed} of {self.observers} observers saw data{missing}"
+        skipped = f"; {len(self.skipped)} skipped (non-finite values)" if self.skipped else ""
+        return f"{self.batches} batches, {self.observed} of {self.observers} observers saw data{missing}{skipped}"
 
 
 def _learns_from_data(module: torch.nn.Module) -> bool:
@@ -114,6 +118,7 @@ def calibrate(
     *,
     progress: bool | ProgressCallback | None = None,
     total: int | None = None,
+    non_finite: str = "error",
 ) -> CalibrationResult:
     """Run ``batches`` through ``prepared`` (from ``prepare_pt2e``) under ``torch.no_grad()``.
 
@@ -121,11 +126,25 @@ def calibrate(
     single input. ``total``: the number of batches, when ``batches`` has no ``len``.
     ``progress``: see the module docstring (bar on a terminal, never, always, or a
     ``callback(batches_done, total_or_None)``).
+
+    Each batch updates every observer or none (see the module docstring): a batch that
+    does not match the exported program's inputs raises
+    :class:`~quantweave.errors.CalibrationInputError` before it runs; one whose forward
+    fails leaves the observers as they were before it, and the exception gets a note naming
+    the batch (and the observer it failed in). ``non_finite``: what to do with a batch that
+    brings NaN or infinite values to an observer -- ``"error"`` (default):
+    :class:`~quantweave.errors.NonFiniteDataError` naming the observer, its node and the
+    batch; ``"skip"``: the batch is rolled back and skipped, with a warning, and counted in
+    :attr:`CalibrationResult.skipped`.
     """
     if not isinstance(prepared, GraphModule):
         raise TypeError(f"calibrate expects the GraphModule returned by prepare_pt2e; got {type(prepared).__name__}")
     if progress is not None and not isinstance(progress, bool) and not callable(progress):
         raise TypeError(f"calibrate: progress must be None, a bool or a callable; got {progress!r}")
+    if non_finite not in _NON_FINITE_POLICIES:
+        raise ValueError(f"calibrate: non_finite must be one of {list(_NON_FINITE_POLICIES)}; got {non_finite!r}")
+    if batches is None or isinstance(batches, (torch.Tensor, str, bytes)) or not isinstance(batches, Iterable):
+        raise TypeError(_not_batches(batches))
     if total is None:
         try:
             total = len(batches)  # type: ignore[arg-type]
@@ -136,26 +155,35 @@ def calibrate(
         show = total is not None and sys.stderr is not None and sys.stderr.isatty()
     else:
         show = progress is True
+    observers = _observers(prepared)
+    guard = BatchGuard(prepared, observers, non_finite == "skip")
     bar = _tqdm(total) if show and callback is None else None
     done = 0
     try:
         with torch.no_grad():
-            for batch in batches:
-                if isinstance(batch, (tuple, list)):
-                    prepared(*batch)
-                elif isinstance(batch, Mapping):
-                    prepared(**batch)
-                else:
-                    prepared(batch)
-                done += 1
+            for index, batch in enumerate(batches):
+                if guard.run(batch, index):
+                    done += 1
                 if bar is not None:
                     bar.update(1)
                 if callback is not None:
-                    callback(done, total)
+                    callback(index + 1, total)
     finally:
         if bar is not None:
             bar.close()
-    learning = {name: m for name, m in _observers(prepared).items() if _learns_from_data(m)}
+    learning = {name: m for name, m in observers.items() if _learns_from_data(m)}
     observed = sum(1 for m in learning.values() if _saw_data(m))
     missing = tuple(name for name, m in learning.items() if not _saw_data(m))
-    return CalibrationResult(done, len(learning), observed, missing)
+    return CalibrationResult(done, len(learning), observed, missing, skipped=tuple(guard.skipped))
+
+
+_NON_FINITE_POLICIES = ("error", "skip")
+
+
+def _not_batches(batches: Any) -> str:
+    what = "None" if batches is None else type(batches).__name__
+    if isinstance(batches, torch.Tensor):
+        hint = "wrap one batch in a list: calibrate(prepared, [batch]) (a tensor would be iterated row by row)"
+    else:
+        hint = "pass a list of batches, a DataLoader or another iterable of batches"
+    return f"quantweave.calibrate: batches must be an iterable of batches; got {what}: {hint}"

@@ -581,12 +581,23 @@ class _RangeRecorder:
     def __init__(self) -> None:
         self.min_val = torch.tensor(_INF)
         self.max_val = torch.tensor(-_INF)
+        self.non_finite_batches = 0  # read by quantweave.calibrate, as the observer's
+
+    def snapshot_state(self) -> tuple[Any, ...]:
+        """For ``quantweave.calibrate``'s rollback of a failed batch (the tensors are
+        replaced, never written in place: keeping them keeps the state)."""
+        return self.min_val, self.max_val, self.non_finite_batches
+
+    def restore_state(self, state: tuple[Any, ...]) -> None:
+        self.min_val, self.max_val, self.non_finite_batches = state
 
     def __call__(self, x_orig: torch.Tensor) -> torch.Tensor:
         if x_orig.numel() == 0:
             return x_orig
         x = x_orig.detach()
         x_min, x_max = torch.aminmax(x)
+        if not bool(torch.isfinite(x_min) & torch.isfinite(x_max)):
+            self.non_finite_batches += 1
         if x_min == -_INF or x_max == _INF:  # the observer ignores infinities
             x = x[x.abs() != _INF]
             if x.numel() == 0:

@@ -13,6 +13,8 @@ __all__ = [
     "MisuseWarning",
     "UnknownQuantizerError",
     "SerializationError",
+    "CalibrationInputError",
+    "NonFiniteDataError",
     "DistributedSyncError",
 ]
 
@@ -61,7 +63,22 @@ class UnknownQuantizerError(LookupError):
 
 class SerializationError(ValueError):
     """``quantweave.save`` was given a model it cannot save: a prepared model that was not
-    converted (the message names its first observer), or not a GraphModule."""
+    converted (the message names its first observer), or not a GraphModule; or
+    ``quantweave.load`` a file it cannot load (the message names the file and says what it
+    is: not an archive, truncated, a ``torch.save`` state dict, written by a newer quantweave)."""
+
+
+class CalibrationInputError(ValueError):
+    """``quantweave.calibrate`` refused a batch that does not match the exported program's
+    inputs (number, names, dtype, rank, sizes, dynamic-size constraints); the message names
+    the input (placeholder and position), the batch, what was expected and what was got.
+    No observer saw the batch."""
+
+
+class NonFiniteDataError(ValueError):
+    """NaN or infinite values reached an observer during ``quantweave.calibrate`` (the
+    message names the observer, the node it observes and the batch); the batch was rolled
+    back. ``calibrate(..., non_finite="skip")`` skips such batches instead, with a warning."""
 
 
 class DistributedSyncError(RuntimeError):

@@ -88,17 +88,24 @@ class HistogramObserver(HistogramObserverHooks):
     another name for it (it was the opt-in class before it became the default).
     """
 
+    #: batches with NaN or infinite values seen (torch's code drops infinities, fails on NaN):
+    #: ``quantweave.calibrate`` reads it to name the observer
+    non_finite_batches: int = 0
+
     def forward(self, x_orig: torch.Tensor) -> torch.Tensor:
         if x_orig.numel() == 0:
             return x_orig
         x = x_orig.detach()
         min_val, max_val, histogram = self.min_val, self.max_val, self.histogram
         if not (_exact_histc_applies(x) and _float32_cpu_state(min_val, max_val, histogram, self.bins)):
+            if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+                self.non_finite_batches += 1
             return super().forward(x_orig)  # torch's path (other dtypes and devices)
         x_min, x_max = torch.aminmax(x)
         lo, hi = x_min.item(), x_max.item()
         current_min, current_max = min_val.item(), max_val.item()
         if not (math.isfinite(lo) and math.isfinite(hi)):
+            self.non_finite_batches += 1
             return super().forward(x_orig)  # torch's path: it drops infinities (with a warning)
         if current_min == math.inf or current_max == -math.inf:  # torch's "uninitialized"
             self._reset(x.reshape(-1), x_min, x_max, lo, hi)

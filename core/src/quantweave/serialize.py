@@ -11,6 +11,13 @@ outputs are bit-identical to the saved model's on the same inputs.
 The file is an ordinary ``torch.export`` program: ``torch.export.load(path)`` returns the
 ``ExportedProgram`` too (``quantweave.json`` in its extra files records the quantweave
 version that saved it).
+
+Errors name the file and say what it is: :func:`load` raises ``FileNotFoundError`` for a
+missing file and :class:`~quantweave.SerializationError` for a directory, an empty file,
+a file that is not a zip archive, a truncated archive, a ``torch.save`` file (a state dict)
+rather than a program, a program written by a newer quantweave, or one torch cannot read.
+:func:`save` writes to a temporary file beside the target and renames it into place, so a
+failed save leaves the target as it was (no half-written file).
 """
 
 from __future__ import annotations
@@ -24,12 +31,11 @@ from typing import Any
 import torch
 from torch.fx import GraphModule
 
+from ._modules.archive import META, atomic_target, check_loadable
 from .errors import SerializationError
 from .observers import is_observer_module
 
 __all__ = ["load", "save"]
-
-_META = "quantweave.json"
 
 
 def _check_converted(model: GraphModule) -> None:
@@ -72,23 +78,46 @@ def save(
     elif isinstance(model, GraphModule):
         _check_converted(model)
         args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
-        program = torch.export.export(model, args, dynamic_shapes=dynamic_shapes)
+        try:
+            program = torch.export.export(model, args, dynamic_shapes=dynamic_shapes)
+        except Exception as exc:
+            exc.add_note(f"quantweave.save: re-exporting the model for {str(path)!r} failed; nothing was written")
+            raise
     else:
         raise SerializationError(
             "quantweave.save expects the GraphModule returned by quantweave.convert_pt2e (or an ExportedProgram); "
             f"got {type(model).__name__}"
         )
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
     meta = json.dumps({"quantweave": __version__, "format": "torch.export"})
-    torch.export.save(program, target, extra_files={_META: meta})
+    try:
+        with atomic_target(target) as temporary:  # the target is replaced only by a complete file
+            torch.export.save(program, temporary, extra_files={META: meta})
+    except OSError as exc:
+        exc.add_note(f"quantweave.save: writing {str(target)!r} failed; the file (if any) is as it was")
+        raise
     return target
 
 
 def load(path: str | os.PathLike[str]) -> GraphModule:
     """Load a model written by :func:`save` (or any ``torch.export.save`` file) as a
-    runnable ``GraphModule``, ready to call or to lower (``quantweave_x86.lower``)."""
-    module = torch.export.load(Path(path)).module()
+    runnable ``GraphModule``, ready to call or to lower (``quantweave_x86.lower``).
+
+    Raises ``FileNotFoundError`` for a missing file and
+    :class:`~quantweave.SerializationError` naming the file and what it is otherwise (see
+    the module docstring); the file is only read."""
+    from . import __version__
+
+    source = Path(path)
+    check_loadable(source, __version__)
+    try:
+        module = torch.export.load(source).module()
+    except Exception as exc:  # torch's own messages name neither the file nor what to do
+        raise SerializationError(
+            f"quantweave.load: {str(source)!r} is a .pt2 archive torch.export.load cannot read "
+            f"({type(exc).__name__}: {exc}); it may be corrupt, or written by another torch version "
+            f"(this is torch {torch.__version__}): save it again with this one"
+        ) from exc
     if not isinstance(module, GraphModule):  # pragma: no cover - torch.export returns a GraphModule
         raise SerializationError(f"quantweave.load: {path} did not load as a GraphModule")
     return module
