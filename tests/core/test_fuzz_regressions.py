@@ -409,7 +409,8 @@ def test_x86_lowers_a_conv_followed_by_x_plus_x():
     import quantweave_x86
 
     x = torch.randn(1, 3, 8, 8)
-    prepared = qw.prepare_pt2e(export(SelfAdd("conv"), x), qw.get_quantizer("x86"))
+    quantizer = qw.get_quantizer("x86", reduce_range=quantweave_x86.cpu_needs_reduce_range())
+    prepared = qw.prepare_pt2e(export(SelfAdd("conv"), x), quantizer)
     prepared(x)
     converted = qw.convert_pt2e(prepared)
     code = converted.code

@@ -97,3 +97,39 @@ def test_int8_mixed_bf16_runs_and_stays_close(encoder_int8):
     assert sqnr(reference, out.float()) > 15
     with pytest.raises(TypeError, match=r"lower: bf16 must be a bool; got 'yes'"):
         lower(converted, (x,), bf16="yes")
+
+
+def _conv_relu_converted(quantizer):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).eval()
+    x = torch.randn(1, 3, 8, 8)
+    prepared = qw.prepare_pt2e(export(model, x), quantizer)
+    prepared(x)
+    return qw.convert_pt2e(prepared), x
+
+
+@pytest.mark.parametrize("needs", [True, False], ids=["no-vnni", "vnni"])
+def test_lower_warns_where_full_range_activations_would_saturate(monkeypatch, needs):
+    """On a CPU without VNNI / AMX, uint8 activations in [0, 255] saturate oneDNN's 16-bit
+    sums: lower names the quantize node and the fix; reduce_range=True lowers silently."""
+    import warnings
+
+    import quantweave_x86._lowering as lowering
+
+    monkeypatch.setattr(lowering, "cpu_needs_reduce_range", lambda: needs)
+    converted, x = _conv_relu_converted(X86InductorQuantizer())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lower(converted, (x,))
+    saturating = [w for w in caught if issubclass(w.category, qw.MisuseWarning)]
+    if needs:
+        assert len(saturating) == 1
+        message = str(saturating[0].message)
+        assert "quantize_per_tensor" in message and "[0, 255]" in message and "reduce_range" in message
+    else:
+        assert not saturating
+    reduced, x = _conv_relu_converted(X86InductorQuantizer(reduce_range=True))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lower(reduced, (x,))
+    assert not [w for w in caught if issubclass(w.category, qw.MisuseWarning)]

@@ -29,9 +29,12 @@ class Convs(torch.nn.Module):
 
 
 def _prepare(model, x):
+    import quantweave_x86
+
     gm = export(model, x)
     code = gm.code
-    quantizer = qw.get_quantizer("x86")
+    # activations in [0, 127] where the CPU's int8 kernels would saturate (no VNNI / AMX)
+    quantizer = qw.get_quantizer("x86", reduce_range=quantweave_x86.cpu_needs_reduce_range())
     prepared = qw.prepare_pt2e(gm, quantizer)
     assert gm.code == code  # the caller's exported graph keeps its padding convs
     return gm, quantizer, prepared

@@ -16,6 +16,7 @@ __version__ = "0.1.1"
 __all__ = [
     "LoweredModule",
     "X86InductorQuantizer",
+    "cpu_needs_reduce_range",
     "declared_capabilities",
     "get_default_x86_inductor_quantization_config",
     "lower",
@@ -24,6 +25,7 @@ __all__ = [
 _WHERE = {
     "LoweredModule": "_lowering",
     "lower": "_lowering",
+    "cpu_needs_reduce_range": "_lowering",
     "X86InductorQuantizer": "quantizer",
     "get_default_x86_inductor_quantization_config": "quantizer",
     "declared_capabilities": "_capabilities",

@@ -8,6 +8,10 @@ patterns into oneDNN int8 convolutions and linears) and returns a :class:`Lowere
   around the module's own calls; importing this module changes no configuration.
 - ``x + x`` is compiled as ``x * 2`` (the same value): torch 2.13's int8 linear / conv +
   add fusion asserts when both operands of the add are the linear's (conv's) output.
+- On a CPU without VNNI or AMX (AVX2 / AVX-512 without VNNI), oneDNN multiplies uint8 by
+  int8 with 16-bit intermediate sums that saturate on activations in [0, 255]: ``lower``
+  warns (``quantweave.MisuseWarning``) naming a full-range quantize and the fix, quantizing
+  with ``X86InductorQuantizer(reduce_range=cpu_needs_reduce_range())`` ([0, 127]).
 - The caller's input tensors are never mutated. Inductor's int8 binary fusion can write
   the result of ``x + f(x)`` into ``x``'s buffer when ``x`` is a graph input; the module
   hands the compiled code private copies of the inputs that reach any op other than a
@@ -18,15 +22,45 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
+import warnings
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.fx import GraphModule, Node
 
-from quantweave import dequantize_ops, quantize_ops
+from quantweave import MisuseWarning, dequantize_ops, quantize_ops
 
-__all__ = ["LoweredModule", "lower"]
+__all__ = ["LoweredModule", "cpu_needs_reduce_range", "lower"]
+
+#: CPU flags with single-instruction int8 dot products (no saturating 16-bit sums)
+_INT8_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
+@functools.cache
+def cpu_needs_reduce_range() -> bool:
+    """True when this CPU has no VNNI / AMX int8 dot products (``/proc/cpuinfo``): its int8
+    kernels sum pairs of uint8 x int8 products in 16 bits, which saturate unless activations
+    stay in [0, 127]: quantize with ``X86InductorQuantizer(reduce_range=True)`` there.
+    False where the flags cannot be read (not Linux)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), None)
+    return flags is not None and not (_INT8_DOT_FLAGS & set(flags))
+
+
+def _full_range_quantize(converted: GraphModule) -> Node | None:
+    """The first uint8 per-tensor quantize of an activation with quant_max above 127."""
+    for node in converted.graph.nodes:
+        if node.op == "call_function" and node.target in quantize_ops() and len(node.args) >= 6:
+            quant_max, dtype = node.args[-2], node.args[-1]
+            if dtype == torch.uint8 and isinstance(quant_max, int) and quant_max > 127:
+                return node
+    return None
 
 
 class LoweredModule:
@@ -77,6 +111,16 @@ def lower(converted: GraphModule, example_inputs: Sequence[Any], *, bf16: bool =
         raise ValueError(
             "lower expects a converted model with quantize/dequantize ops (run quantweave.convert_pt2e first); "
             "the given graph has no dequantize node"
+        )
+    full_range = _full_range_quantize(converted) if cpu_needs_reduce_range() else None
+    if full_range is not None:
+        warnings.warn(
+            f"quantweave_x86.lower: this CPU has no VNNI / AMX int8 instructions and {full_range.name!r} quantizes "
+            f"activations to uint8 [0, {full_range.args[-2]}]: its int8 kernels' 16-bit sums can saturate and the "
+            "lowered model can differ from the converted one; quantize with "
+            "X86InductorQuantizer(reduce_range=quantweave_x86.cpu_needs_reduce_range()) (activations in [0, 127])",
+            MisuseWarning,
+            stacklevel=2,
         )
     example_inputs = tuple(example_inputs)
     # compiled as is: a re-export added input checks worth ~0.4 ms per call (encoder, b1)
