@@ -52,9 +52,9 @@ def activation_quant(activation_dtype: str = "uint8") -> TensorQuant:
 
 
 def weight_range(reduce_range: bool = False) -> tuple[int, int]:
-    """int8 [-128, 127]; [-64, 63] (7 bits, ORT's ``reduce_range``) for CPUs without VNNI,
-    whose u8 x s8 kernels saturate 16-bit pair sums of full-range weights."""
-    return (-64, 63) if reduce_range else (-128, 127)
+    """ORT's symmetric int8 weight range: [-127, 127]; [-64, 64] (7 bits, ORT's ``reduce_range``)
+    for CPUs without VNNI, whose u8 x s8 kernels saturate 16-bit pair sums of full-range weights."""
+    return (-64, 64) if reduce_range else (-127, 127)
 
 
 def weight_quant(pattern: str, per_channel: bool = True, reduce_range: bool = False) -> TensorQuant:

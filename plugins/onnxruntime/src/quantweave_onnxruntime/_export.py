@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import os
 import tempfile
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,10 @@ def export_onnx(
         kwargs["dynamic_shapes"] = dynamic_shapes
     if opset_version is not None:
         kwargs["opset_version"] = opset_version
-    program = torch.onnx.export(converted, example_inputs, **kwargs)
+    with warnings.catch_warnings():
+        # a converted GraphModule keeps the train flag export gave it; its graph is already in eval form
+        warnings.filterwarnings("ignore", message="Exporting a model while it is in training mode")
+        program = torch.onnx.export(converted, example_inputs, **kwargs)
     if program is None:  # pragma: no cover - dynamo export always returns its program
         raise RuntimeError("export_onnx: torch.onnx.export returned no program")
     program.save(str(target))

@@ -19,8 +19,9 @@ DQ -> Add -> Q ``QLinearAdd``...). The recipe therefore quantizes outputs, not o
 
 Activations: uint8 [0, 255] affine (ORT's ``QuantType.QUInt8``) or, with
 ``activation_dtype="int8"``, int8 [-128, 127] symmetric; HistogramObserver (``observer=
-"minmax"``: MinMaxObserver, what ORT calibrates with by default). Weights: int8 [-128, 127]
-symmetric, per channel unless ``per_channel=False``; ``reduce_range=True``: in [-64, 63] (ORT's ``reduce_range``, for
+"minmax"``: MinMaxObserver, what ORT calibrates with by default). Weights: int8 [-127, 127]
+symmetric (ORT's restricted symmetric range), per channel unless ``per_channel=False``;
+``reduce_range=True``: in [-64, 64] (ORT's ``reduce_range``, for
 CPUs without VNNI, whose u8 x s8 kernels saturate with full-range weights). Post-training
 static only.
 """
@@ -99,7 +100,7 @@ class ORTQuantizer(qw.Quantizer):
     ``activation_dtype``: ``"uint8"`` (default: affine [0, 255]) or ``"int8"`` (symmetric
     [-128, 127]); ``per_channel``: int8 weights per output channel (default) or per tensor;
     ``observer``: ``"histogram"`` (default) or ``"minmax"`` for the activations;
-    ``reduce_range``: 7-bit weights, [-64, 63] (CPUs without VNNI).
+    ``reduce_range``: 7-bit weights, [-64, 64] (CPUs without VNNI).
     """
 
     name = "onnxruntime"
