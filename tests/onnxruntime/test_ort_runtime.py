@@ -12,8 +12,8 @@ import quantweave as qw
 from quantweave_onnxruntime import ORTQuantizer, export_onnx, int8_kernels, ort_session
 from tests.onnxruntime.test_ort_quantizer import CNN
 
-ort = pytest.importorskip("onnxruntime")
-quantization = pytest.importorskip("onnxruntime.quantization")
+ort = pytest.importorskip("onnxruntime", reason="needs onnx, onnxscript and onnxruntime (tox -e onnxruntime)")
+quantization = pytest.importorskip("onnxruntime.quantization", reason="needs onnxruntime (tox -e onnxruntime)")
 
 pytestmark = pytest.mark.onnxruntime
 
