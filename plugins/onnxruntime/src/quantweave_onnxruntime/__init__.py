@@ -11,7 +11,7 @@ import importlib
 from typing import Any
 
 #: The distribution's version (single source: pyproject.toml reads it from here).
-__version__ = "0.1.1"
+__version__ = "0.1.0"
 
 __all__ = [
     "ORTQuantizer",
