@@ -129,12 +129,12 @@ def test_ops_left_alone():
     assert by_op == {}
 
 
-def test_int8_activations_are_symmetric():
+def test_int8_activations_are_affine_as_ort_quint8_and_qint8_are():
     by_op, _ = annotate(CNN(), torch.randn(1, 3, 16, 16), quantizer=ORTQuantizer(activation_dtype="int8"))
     spec = by_op[aten.linear.default][0].meta[KEY].output_qspec
     assert (spec.dtype, spec.qscheme, spec.quant_min, spec.quant_max) == (
         torch.int8,
-        torch.per_tensor_symmetric,
+        torch.per_tensor_affine,
         -128,
         127,
     )

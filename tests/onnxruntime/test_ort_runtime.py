@@ -73,7 +73,7 @@ class _Reader(quantization.CalibrationDataReader):
         return next(self.feeds, None)
 
 
-def _ort_quantize_static(model, batches, x, tmp_path):
+def _ort_quantize_static(model, batches, x, tmp_path, activation_type=None):
     float_path = export_onnx(model, (x,), tmp_path / "float.onnx")
     name = ort.InferenceSession(str(float_path), providers=["CPUExecutionProvider"]).get_inputs()[0].name
     out = tmp_path / "ort_qdq.onnx"
@@ -84,7 +84,7 @@ def _ort_quantize_static(model, batches, x, tmp_path):
         quant_format=quantization.QuantFormat.QDQ,
         per_channel=True,
         reduce_range=REDUCE_RANGE,
-        activation_type=quantization.QuantType.QUInt8,
+        activation_type=activation_type or quantization.QuantType.QUInt8,
         weight_type=quantization.QuantType.QInt8,
     )
     return float_path, out
@@ -151,3 +151,35 @@ def test_export_reports_a_missing_directory(tmp_path, cnn_runs):
         export_onnx(cnn_runs["converted"], (cnn_runs["x"],), tmp_path / "nowhere" / "m.onnx")
     with pytest.raises(FileNotFoundError, match=r"absent\.onnx"):
         ort_session(tmp_path / "absent.onnx")
+
+
+def test_int8_activations_form_the_kernels_ort_forms_for_its_own_qint8_model(tmp_path):
+    model, batches, x = _cnn()
+    quantizer = ORTQuantizer(activation_dtype="int8", reduce_range=REDUCE_RANGE)
+    prepared = qw.prepare_pt2e(torch.export.export(model, (x,)).module(), quantizer)
+    for batch in batches:
+        prepared(batch)
+    converted = qw.convert_pt2e(prepared)
+    path = export_onnx(converted, (x,), tmp_path / "int8.onnx")
+    _, theirs = _ort_quantize_static(model, batches, x, tmp_path, quantization.QuantType.QInt8)
+    ours_ops, their_ops = int8_kernels(path), int8_kernels(theirs)
+    for op in ("QLinearConv", "QGemm", "QLinearAdd", "Conv", "Gemm", "Relu"):
+        assert ours_ops.get(op) == their_ops.get(op), (op, ours_ops, their_ops)
+    reference = model(x).detach().numpy()
+    assert _sqnr(reference, _run(path, x)) >= _sqnr(reference, _run(theirs, x)) - 0.3
+    assert _sqnr(converted(x).detach().numpy(), _run(path, x)) > 35
+
+
+def test_a_dynamic_batch_exports_and_runs_at_another_batch_size(tmp_path):
+    model, batches, x = _mlp()
+    shapes = {"x": {0: torch.export.Dim("batch")}}
+    exported = torch.export.export(model, (x,), dynamic_shapes=shapes).module()
+    prepared = qw.prepare_pt2e(exported, ORTQuantizer(reduce_range=REDUCE_RANGE))
+    for batch in batches:
+        prepared(batch)
+    converted = qw.convert_pt2e(prepared)
+    path = export_onnx(converted, (x,), tmp_path / "dynamic.onnx", dynamic_shapes=shapes)
+    other = torch.randn(3, 64)
+    got = _run(path, other)
+    assert got.shape == (3, 10)
+    assert _sqnr(converted(other).detach().numpy(), got) > 35

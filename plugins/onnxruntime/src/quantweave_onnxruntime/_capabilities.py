@@ -45,9 +45,10 @@ FUSED_ACTIVATION = tuple(p for p in STATIC_PATTERNS if p.endswith(("_relu", "_re
 
 
 def activation_quant(activation_dtype: str = "uint8") -> TensorQuant:
-    """uint8 [0, 255] affine (ORT's QUInt8 default) or int8 [-128, 127] symmetric."""
+    """uint8 [0, 255] (ORT's QUInt8 default) or int8 [-128, 127] (QInt8), both affine: a relu's
+    output then has the lowest value as zero point, which is what lets ORT drop the relu."""
     if activation_dtype == "int8":
-        return TensorQuant("int8", -128, 127, "per_tensor", symmetric=True)
+        return TensorQuant("int8", -128, 127, "per_tensor", symmetric=False)
     return TensorQuant("uint8", 0, 255, "per_tensor", symmetric=False)
 
 

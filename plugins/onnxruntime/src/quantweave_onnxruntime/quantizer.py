@@ -18,7 +18,9 @@ DQ -> Add -> Q ``QLinearAdd``...). The recipe therefore quantizes outputs, not o
 - avg_pool2d / adaptive_avg_pool2d: where their input is quantized, their own output.
 
 Activations: uint8 [0, 255] affine (ORT's ``QuantType.QUInt8``) or, with
-``activation_dtype="int8"``, int8 [-128, 127] symmetric; HistogramObserver (``observer=
+``activation_dtype="int8"``, int8 [-128, 127] affine (``QuantType.QInt8`` with ORT's default
+``ActivationSymmetric=False``: ORT drops a relu / clip before a QuantizeLinear only when the
+zero point is the lowest value); HistogramObserver (``observer=
 "minmax"``: MinMaxObserver, what ORT calibrates with by default). Weights: int8 [-127, 127]
 symmetric (ORT's restricted symmetric range), per channel unless ``per_channel=False``;
 ``reduce_range=True``: in [-64, 64] (ORT's ``reduce_range``, for
@@ -97,7 +99,7 @@ def _only_user(node: Node, targets: tuple[Any, ...]) -> Node | None:
 class ORTQuantizer(qw.Quantizer):
     """ONNX Runtime's QDQ recipe (see the module docstring). Usable as built.
 
-    ``activation_dtype``: ``"uint8"`` (default: affine [0, 255]) or ``"int8"`` (symmetric
+    ``activation_dtype``: ``"uint8"`` (default: affine [0, 255]) or ``"int8"`` (affine
     [-128, 127]); ``per_channel``: int8 weights per output channel (default) or per tensor;
     ``observer``: ``"histogram"`` (default) or ``"minmax"`` for the activations;
     ``reduce_range``: 7-bit weights, [-64, 64] (CPUs without VNNI).
@@ -130,7 +132,7 @@ class ORTQuantizer(qw.Quantizer):
         if activation_dtype == "uint8":
             self.act = qw.QuantizationSpec(torch.uint8, ctr, 0, 255, torch.per_tensor_affine)
         else:
-            self.act = qw.QuantizationSpec(torch.int8, ctr, -128, 127, torch.per_tensor_symmetric)
+            self.act = qw.QuantizationSpec(torch.int8, ctr, -128, 127, torch.per_tensor_affine)
         self._weights = {axis: self._weight_spec(axis) for axis in (0, 1)}
 
     def _weight_spec(self, axis: int) -> qw.QuantizationSpec:
