@@ -61,8 +61,14 @@ def _run(path, x):
     return session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
 
 
+def _output_step(converted):
+    """The scale of the converted model's last dequantize (its output's quantization step)."""
+    last = next(n for n in reversed(converted.graph.nodes) if "dequantize_per_tensor" in str(n.target))
+    return float(last.args[1])
+
+
 def _sqnr(expected, got):
-    return float(10 * np.log10((expected**2).mean() / ((expected - got) ** 2).mean()))
+    return float(10 * np.log10((expected**2).mean() / max(float(((expected - got) ** 2).mean()), 1e-30)))
 
 
 class _Reader(quantization.CalibrationDataReader):
@@ -120,10 +126,7 @@ def test_ort_outputs_are_within_a_few_steps_of_the_converted_model(cnn_runs):
     x = cnn_runs["x"]
     got = _run(cnn_runs["ours"], x)
     expected = cnn_runs["converted"](x).detach().numpy()
-    output_scale = float(
-        next(n for n in reversed(cnn_runs["converted"].graph.nodes) if "dequantize_per_tensor" in str(n.target)).args[1]
-    )
-    assert np.abs(got - expected).max() <= 3 * output_scale + 1e-6
+    assert np.abs(got - expected).max() <= 3 * _output_step(cnn_runs["converted"]) + 1e-6
 
 
 def test_sqnr_is_at_least_ort_quantize_static(cnn_runs):
@@ -183,3 +186,42 @@ def test_a_dynamic_batch_exports_and_runs_at_another_batch_size(tmp_path):
     got = _run(path, other)
     assert got.shape == (3, 10)
     assert _sqnr(converted(other).detach().numpy(), got) > 35
+
+
+class TokenMLP(torch.nn.Module):
+    """Token table -> linear -> relu -> linear on [batch, tokens, features] (3-D linears)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(100, 64)
+        self.fc1 = torch.nn.Linear(64, 64)
+        self.fc2 = torch.nn.Linear(64, 100)
+
+    def forward(self, tokens):
+        return self.fc2(torch.relu(self.fc1(self.emb(tokens))))
+
+
+def test_composed_with_the_embedding_plugin_token_tables_export_and_3d_linears_are_int8(tmp_path):
+    from quantweave_embedding import EmbeddingQuantizer
+
+    torch.manual_seed(0)
+    model, tokens = TokenMLP().eval(), torch.randint(0, 100, (4, 16))
+    composed = qw.ComposableQuantizer([EmbeddingQuantizer(), ORTQuantizer(reduce_range=REDUCE_RANGE)])
+    prepared = qw.prepare_pt2e(torch.export.export(model, (tokens,)).module(), composed)
+    prepared(tokens)
+    converted = qw.convert_pt2e(prepared)
+    path = export_onnx(converted, (tokens,), tmp_path / "tokens.onnx")
+    import onnx
+
+    onnx_model = onnx.load(str(path))
+    eight_bit = (onnx.TensorProto.INT8, onnx.TensorProto.UINT8)
+    int8 = {t.name for t in onnx_model.graph.initializer if t.data_type in eight_bit}
+    gather = next(n for n in onnx_model.graph.node if n.op_type == "Gather")
+    table = next(n for n in onnx_model.graph.node if n.output[0] == gather.input[0])
+    assert table.op_type == "DequantizeLinear" and table.input[0] in int8  # the table is stored in 8 bits (uint8 rows)
+    assert "Relu" not in {n.op_type for n in onnx_model.graph.node}  # folded into the QuantizeLinear
+    ops = int8_kernels(path)
+    assert ops.get("QGemm", 0) + ops.get("MatMulInteger", 0) + ops.get("QLinearMatMul", 0) == 2, ops
+    session = ort_session(path, intra_op_threads=1)
+    got = session.run(None, {session.get_inputs()[0].name: tokens.numpy()})[0]
+    assert np.abs(got - converted(tokens).detach().numpy()).max() <= 3 * _output_step(converted) + 1e-6

@@ -54,14 +54,17 @@ def export_onnx(
     path: str | os.PathLike[str],
     dynamic_shapes: Any = None,
     opset_version: int | None = None,
+    fold_relu: bool = True,
 ) -> Path:
     """Write ``converted`` (the result of ``quantweave.convert_pt2e``) to ``path`` as ONNX.
 
     Uses ``torch.onnx.export(..., dynamo=True)``: quantize / dequantize become
     ``QuantizeLinear`` / ``DequantizeLinear``, int8 weights int8 initializers. Shapes are
     those of ``example_inputs`` unless ``dynamic_shapes`` (``torch.export``'s form, e.g.
-    ``{"x": {0: torch.export.Dim("batch")}}``) says otherwise. ``converted`` is not modified.
-    Returns the path."""
+    ``{"x": {0: torch.export.Dim("batch")}}``; export the float model with them too) says
+    otherwise. ``fold_relu``: drop a Relu whose QuantizeLinear clamps at zero anyway (zero point
+    the lowest value), as ORT's own quantizer does, so ORT finds the op's int8 node unit under
+    any of its rewrites. ``converted`` is not modified. Returns the path."""
     if not isinstance(example_inputs, tuple):
         raise TypeError(f"export_onnx: example_inputs must be a tuple of inputs; got {type(example_inputs).__name__}")
     try:
@@ -83,7 +86,50 @@ def export_onnx(
     if program is None:  # pragma: no cover - dynamo export always returns its program
         raise RuntimeError("export_onnx: torch.onnx.export returned no program")
     program.save(str(target))
+    if fold_relu:
+        _fold_relu_into_quantize(target)
     return target
+
+
+def _fold_relu_into_quantize(path: Path) -> None:
+    """Remove each Relu whose only consumer is a QuantizeLinear with the lowest value of its
+    dtype as zero point: the QuantizeLinear clamps there already, so the Relu changes nothing.
+    ONNX Runtime's own quantizer leaves such a Relu out too (its QDQ node unit is then
+    DQ -> op -> Q whatever graph rewrites ORT applies first, e.g. a 3-D linear's reshapes)."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    constants = {t.name: t for t in graph.initializer}
+    constants.update({n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant" and n.attribute})
+    consumers: dict[str, list[Any]] = collections.defaultdict(list)
+    for node in graph.node:
+        for name in node.input:
+            consumers[name].append(node)
+    outputs = {o.name for o in graph.output}
+    lowest = {onnx.TensorProto.UINT8: 0, onnx.TensorProto.INT8: -128}
+    dropped = []
+    for node in graph.node:
+        if node.op_type != "Relu" or node.output[0] in outputs:
+            continue
+        users = consumers[node.output[0]]
+        if len(users) != 1 or users[0].op_type != "QuantizeLinear" or len(users[0].input) < 3:
+            continue
+        zero_point = constants.get(users[0].input[2])
+        if zero_point is None or zero_point.data_type not in lowest:
+            continue
+        if (
+            numpy_helper.to_array(zero_point).size != 1
+            or int(numpy_helper.to_array(zero_point).item()) != lowest[zero_point.data_type]
+        ):
+            continue
+        users[0].input[0] = node.input[0]
+        dropped.append(node)
+    if dropped:
+        for node in dropped:
+            graph.node.remove(node)
+        onnx.save(model, str(path))
 
 
 def ort_session(
