@@ -125,8 +125,10 @@ def test_ops_left_alone():
         def forward(self, x):
             return torch.flatten(F.max_pool2d(x, 2), 1).sigmoid()  # nothing quantized feeds the pool
 
-    by_op, _ = annotate(Float(), torch.randn(1, 3, 8, 8))
+    by_op, gm = annotate(Float(), torch.randn(1, 3, 8, 8))
     assert by_op == {}
+    reasons = {n.name: n.meta.get(qw.SKIP_REASON_KEY) for n in gm.graph.nodes}
+    assert "input is not quantized" in reasons["max_pool2d"] and "max_pool2d" in reasons["max_pool2d"]
 
 
 def test_int8_activations_are_affine_as_ort_quint8_and_qint8_are():

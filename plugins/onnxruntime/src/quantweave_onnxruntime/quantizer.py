@@ -37,7 +37,7 @@ from torch.fx import GraphModule, Node
 
 import quantweave as qw
 from quantweave.observers import HistogramObserver, MinMaxObserver, PerChannelMinMaxObserver
-from quantweave.plugin_api import Capability, is_annotated, mark_annotated
+from quantweave.plugin_api import SKIP_REASON_KEY, Capability, is_annotated, mark_annotated, set_skip_reason
 
 from ._capabilities import declared_capabilities, weight_range
 
@@ -173,7 +173,31 @@ class ORTQuantizer(qw.Quantizer):
                 self._shared(node)
             elif target in _AVERAGING:
                 self._averaging(node)
+        self._explain_float(model)
         return model
+
+    @staticmethod
+    def _explain_float(model: GraphModule) -> None:
+        """Why each op of the recipe stayed float (read by ``quantweave.annotation_report``); a
+        reason an earlier quantizer of a composition recorded is kept."""
+        for node in model.graph.nodes:
+            if node.op != "call_function" or is_annotated(node) or isinstance(node.meta.get(SKIP_REASON_KEY), str):
+                continue
+            op = str(node.target).split(".")[1] if str(node.target).count(".") == 2 else str(node.target)
+            if node.target in _WEIGHTED:
+                reason = f"{op}: its input is not a float32 tensor or its weight is not a graph tensor"
+            elif node.target in _BINARY + _MATMUL:
+                reason = (
+                    f"{op}: ORT's recipe quantizes it between two float32 tensors; "
+                    "an operand is a scalar, a constant or not float32"
+                )
+            elif node.target in _CAT:
+                reason = "cat: not every input is a float32 tensor"
+            elif node.target in _SHARED + _AVERAGING:
+                reason = f"{op}: its input is not quantized (ORT runs it on int8 data only after a quantized producer)"
+            else:
+                continue
+            set_skip_reason(node, reason)
 
     def _weighted(self, node: Node) -> None:
         x = node.args[0]
