@@ -95,6 +95,8 @@ def main() -> None:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
+        # warm-up, untimed: the first torch.export / torch.onnx.export in a process pays one-time costs
+        export_onnx(model, (x,), d / "warmup.onnx")
         start = time.perf_counter()
         prepared = qw.prepare_pt2e(
             torch.export.export(model, (x,)).module(), ORTQuantizer(reduce_range=reduce_range, observer=args.observer)

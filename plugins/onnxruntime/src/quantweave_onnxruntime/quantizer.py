@@ -206,6 +206,8 @@ class ORTQuantizer(qw.Quantizer):
             return
         assert isinstance(x, Node)
         activation = _only_user(node, _WEIGHTED[node.target])
+        if activation is not None and is_annotated(activation):  # claimed by an earlier quantizer
+            activation = None
         axis = 1 if node.target in _TRANSPOSED else 0
         qw.annotate_input_qspec_map(node, x, self.act)
         qw.annotate_input_qspec_map(node, weight, self._weights[axis])
