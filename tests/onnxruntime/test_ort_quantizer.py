@@ -178,3 +178,18 @@ def test_the_plugin_registers_through_a_fresh_manager_without_importing_onnxrunt
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_a_conv_with_string_padding_is_quantized_like_any_conv():
+    class Same(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, 3, padding="same")
+
+        def forward(self, x):
+            return F.relu(self.conv(x))
+
+    by_op, _ = annotate(Same(), torch.randn(1, 3, 8, 8))
+    (conv,) = by_op[aten.conv2d.padding]
+    (relu,) = by_op[aten.relu.default]
+    assert len(conv.meta[KEY].input_qspec_map) == 2 and relu.meta[KEY].output_qspec is not None

@@ -53,6 +53,9 @@ _WEIGHTED: dict[Any, tuple[Any, ...]] = {
     aten.conv2d.default: _RELU + _CLIP,
     aten.conv_transpose2d.input: _RELU,
     aten.linear.default: _RELU,
+    # padding="same" / "valid": the same convolution (ONNX Conv takes the padding either way)
+    aten.conv1d.padding: _RELU,
+    aten.conv2d.padding: _RELU + _CLIP,
 }
 _TRANSPOSED = (aten.conv_transpose2d.input,)
 _BINARY = (aten.add.Tensor, aten.mul.Tensor)
