@@ -1,0 +1,97 @@
+"""What the ONNX Runtime quantizer declares: cheap to import (the plugin hook needs only this)."""
+
+from __future__ import annotations
+
+from quantweave.plugin_api import FLOAT, Capability, Mode, Quant, TensorQuant
+
+__all__ = [
+    "AVERAGING",
+    "FUSED_ACTIVATION",
+    "OWN_OUTPUT",
+    "SHARED_OUTPUT",
+    "STATIC_PATTERNS",
+    "WEIGHTED",
+    "activation_quant",
+    "declared_capabilities",
+    "weight_quant",
+    "weight_range",
+]
+
+#: weighted ops, alone or with an activation ORT folds into their output's quantization range
+#: (ReluQuantFusion / ClipQuantFusion drop the relu / clip in front of the QuantizeLinear)
+WEIGHTED = (
+    "conv1d",
+    "conv1d_relu",
+    "conv2d",
+    "conv2d_relu",
+    "conv2d_hardtanh",
+    "conv2d_relu6",
+    "conv_transpose2d",
+    "conv_transpose2d_relu",
+    "linear",
+    "linear_relu",
+)
+#: two-input ops with their own output qparams (QLinearAdd, QLinearMul, QLinearMatMul)
+OWN_OUTPUT = ("add", "add_relu", "mul", "mul_relu", "matmul")
+#: ops ORT runs on int8 data with the same qparams in and out (it drops their DQ / Q pair):
+#: quantized where their input is quantized (cat always: ORT's Concat shares one range)
+SHARED_OUTPUT = ("cat", "max_pool2d", "flatten", "permute", "transpose", "view", "reshape", "squeeze", "dropout")
+#: averaging ops: quantized where their input is, with their own output qparams
+#: (QLinearAveragePool / QLinearGlobalAveragePool)
+AVERAGING = ("avg_pool2d", "adaptive_avg_pool2d")
+STATIC_PATTERNS = WEIGHTED + OWN_OUTPUT + SHARED_OUTPUT + AVERAGING
+#: patterns whose ops form one quantized unit (no quantize / dequantize between them)
+FUSED_ACTIVATION = tuple(p for p in STATIC_PATTERNS if p.endswith(("_relu", "_relu6", "_hardtanh")))
+
+
+def activation_quant(activation_dtype: str = "uint8") -> TensorQuant:
+    """uint8 [0, 255] (ORT's QUInt8 default) or int8 [-128, 127] (QInt8), both affine: a relu's
+    output then has the lowest value as zero point, which is what lets ORT drop the relu."""
+    if activation_dtype == "int8":
+        return TensorQuant("int8", -128, 127, "per_tensor", symmetric=False)
+    return TensorQuant("uint8", 0, 255, "per_tensor", symmetric=False)
+
+
+def weight_range(reduce_range: bool = False) -> tuple[int, int]:
+    """ORT's symmetric int8 weight range: [-127, 127]; [-64, 64] (7 bits, ORT's ``reduce_range``)
+    for CPUs without VNNI, whose u8 x s8 kernels saturate 16-bit pair sums of full-range weights."""
+    return (-64, 64) if reduce_range else (-127, 127)
+
+
+def weight_quant(pattern: str, per_channel: bool = True, reduce_range: bool = False) -> TensorQuant:
+    """int8 symmetric; per output channel: axis 0, axis 1 for a transposed conv."""
+    lo, hi = weight_range(reduce_range)
+    if not per_channel:
+        return TensorQuant("int8", lo, hi, "per_tensor", symmetric=True)
+    axis = 1 if pattern.startswith("conv_transpose") else 0
+    return TensorQuant("int8", lo, hi, "per_channel", symmetric=True, ch_axis=axis)
+
+
+def declared_capabilities(
+    activation_dtype: str = "uint8", per_channel: bool = True, reduce_range: bool = False
+) -> tuple[Capability, ...]:
+    """What an ``ORTQuantizer`` with these options annotates (conformance-tested).
+
+    Static (post-training) only. Conv / transposed conv / linear quantize their input, their
+    weight and their output (float bias), so ONNX Runtime finds DQ -> op -> Q node units;
+    an activation after them is folded into the output's range (no Q / DQ between them).
+    add / mul / matmul quantize both inputs and their own output; cat, max pooling and the
+    shape ops share their input's qparams; average pooling gets its own."""
+    act = activation_quant(activation_dtype)
+
+    def capability(pattern: str) -> Capability:
+        weighted = pattern in WEIGHTED
+        output = Quant.shared(0) if pattern in SHARED_OUTPUT else Quant.quantized(act)
+        return Capability(
+            pattern,
+            Mode.STATIC,
+            act,
+            weight_quant(pattern, per_channel, reduce_range) if weighted else None,
+            quantizer="onnxruntime",
+            output=output,
+            bias=FLOAT if weighted else None,
+            fused=True if pattern in FUSED_ACTIVATION else None,
+            input_from="any" if pattern in SHARED_OUTPUT + AVERAGING and pattern != "cat" else None,
+        )
+
+    return tuple(capability(p) for p in STATIC_PATTERNS)

@@ -1,0 +1,177 @@
+"""Export a converted model to ONNX and run it on ONNX Runtime (the ``runtime`` extra).
+
+onnx, onnxscript and onnxruntime are imported here, on first call, never when the plugin
+is loaded.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import tempfile
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["INT8_KERNELS", "export_onnx", "int8_kernels", "ort_session"]
+
+#: ONNX Runtime ops that run on int8 / uint8 data (what its QDQ node units become)
+INT8_KERNELS = frozenset(
+    (
+        "QLinearConv",
+        "QLinearMatMul",
+        "MatMulInteger",
+        "ConvInteger",
+        "QGemm",
+        "QLinearAdd",
+        "QLinearMul",
+        "QLinearConcat",
+        "QLinearAveragePool",
+        "QLinearGlobalAveragePool",
+        "QLinearSigmoid",
+        "QLinearSoftmax",
+        "QLinearLeakyRelu",
+        "QLinearConvTranspose",
+        "DynamicQuantizeMatMul",
+        "MatMulIntegerToFloat",
+    )
+)
+
+
+def _missing(what: str, error: ImportError) -> ImportError:
+    return ImportError(
+        f"quantweave_onnxruntime.{what} needs onnx, onnxscript and onnxruntime: "
+        f"pip install 'quantweave-onnxruntime[runtime]' ({error})"
+    )
+
+
+def export_onnx(
+    converted: torch.nn.Module,
+    example_inputs: tuple[Any, ...],
+    path: str | os.PathLike[str],
+    dynamic_shapes: Any = None,
+    opset_version: int | None = None,
+    fold_relu: bool = True,
+) -> Path:
+    """Write ``converted`` (the result of ``quantweave.convert_pt2e``) to ``path`` as ONNX.
+
+    Uses ``torch.onnx.export(..., dynamo=True)``: quantize / dequantize become
+    ``QuantizeLinear`` / ``DequantizeLinear``, int8 weights int8 initializers. Shapes are
+    those of ``example_inputs`` unless ``dynamic_shapes`` (``torch.export``'s form, e.g.
+    ``{"x": {0: torch.export.Dim("batch")}}``; export the float model with them too) says
+    otherwise. ``fold_relu``: drop a Relu whose QuantizeLinear clamps at zero anyway (zero point
+    the lowest value), as ORT's own quantizer does, so ORT finds the op's int8 node unit under
+    any of its rewrites. ``converted`` is not modified. Returns the path."""
+    if not isinstance(example_inputs, tuple):
+        raise TypeError(f"export_onnx: example_inputs must be a tuple of inputs; got {type(example_inputs).__name__}")
+    try:
+        import onnxscript  # noqa: F401  (torch.onnx's dynamo exporter needs it)
+    except ImportError as error:
+        raise _missing("export_onnx", error) from None
+    target = Path(path)
+    if not target.parent.is_dir():
+        raise FileNotFoundError(f"export_onnx: directory {str(target.parent)!r} of {str(target)!r} does not exist")
+    kwargs: dict[str, Any] = {"dynamo": True, "external_data": False}
+    if dynamic_shapes is not None:
+        kwargs["dynamic_shapes"] = dynamic_shapes
+    if opset_version is not None:
+        kwargs["opset_version"] = opset_version
+    with warnings.catch_warnings():
+        # a converted GraphModule keeps the train flag export gave it; its graph is already in eval form
+        warnings.filterwarnings("ignore", message="Exporting a model while it is in training mode")
+        program = torch.onnx.export(converted, example_inputs, **kwargs)
+    if program is None:  # pragma: no cover - dynamo export always returns its program
+        raise RuntimeError("export_onnx: torch.onnx.export returned no program")
+    program.save(str(target))
+    if fold_relu:
+        _fold_relu_into_quantize(target)
+    return target
+
+
+def _fold_relu_into_quantize(path: Path) -> None:
+    """Remove each Relu whose only consumer is a QuantizeLinear with the lowest value of its
+    dtype as zero point: the QuantizeLinear clamps there already, so the Relu changes nothing.
+    ONNX Runtime's own quantizer leaves such a Relu out too (its QDQ node unit is then
+    DQ -> op -> Q whatever graph rewrites ORT applies first, e.g. a 3-D linear's reshapes)."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    constants = {t.name: t for t in graph.initializer}
+    constants.update({n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant" and n.attribute})
+    consumers: dict[str, list[Any]] = collections.defaultdict(list)
+    for node in graph.node:
+        for name in node.input:
+            consumers[name].append(node)
+    outputs = {o.name for o in graph.output}
+    lowest = {onnx.TensorProto.UINT8: 0, onnx.TensorProto.INT8: -128}
+    dropped = []
+    for node in graph.node:
+        if node.op_type != "Relu" or node.output[0] in outputs:
+            continue
+        users = consumers[node.output[0]]
+        if len(users) != 1 or users[0].op_type != "QuantizeLinear" or len(users[0].input) < 3:
+            continue
+        zero_point = constants.get(users[0].input[2])
+        if zero_point is None or zero_point.data_type not in lowest:
+            continue
+        if (
+            numpy_helper.to_array(zero_point).size != 1
+            or int(numpy_helper.to_array(zero_point).item()) != lowest[zero_point.data_type]
+        ):
+            continue
+        users[0].input[0] = node.input[0]
+        dropped.append(node)
+    if dropped:
+        for node in dropped:
+            graph.node.remove(node)
+        onnx.save(model, str(path))
+
+
+def ort_session(
+    path: str | os.PathLike[str],
+    intra_op_threads: int | None = None,
+    optimized_model_path: str | os.PathLike[str] | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> Any:
+    """An ``onnxruntime.InferenceSession`` on the CPU provider for the model at ``path``.
+
+    ``intra_op_threads``: ORT's intra-op thread count (default: ORT's); ``optimized_model_path``:
+    where ORT writes the model after its graph optimizations (what :func:`int8_kernels`
+    reads); ``options``: other ``SessionOptions`` attributes by name."""
+    try:
+        import onnxruntime as ort
+    except ImportError as error:
+        raise _missing("ort_session", error) from None
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"ort_session: no ONNX model at {str(path)!r}")
+    so = ort.SessionOptions()
+    if intra_op_threads is not None:
+        so.intra_op_num_threads = intra_op_threads
+        so.inter_op_num_threads = 1
+    if optimized_model_path is not None:
+        so.optimized_model_filepath = str(optimized_model_path)
+    for name, value in (options or {}).items():
+        if not hasattr(so, name):
+            raise ValueError(f"ort_session: onnxruntime.SessionOptions has no option {name!r}")
+        setattr(so, name, value)
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def int8_kernels(path: str | os.PathLike[str]) -> dict[str, int]:
+    """Op type -> count in the model ONNX Runtime actually runs (its optimized graph on the
+    CPU provider) for the ONNX model at ``path``: every op, so ``QLinearConv`` / ``QGemm``
+    (int8 kernels, :data:`INT8_KERNELS`) can be told from ``Conv`` / ``Gemm`` left in float."""
+    try:
+        import onnx
+    except ImportError as error:
+        raise _missing("int8_kernels", error) from None
+    with tempfile.TemporaryDirectory() as tmp:
+        optimized = Path(tmp) / "optimized.onnx"
+        ort_session(path, optimized_model_path=optimized)
+        model = onnx.load(str(optimized))
+    return dict(collections.Counter(node.op_type for node in model.graph.node))

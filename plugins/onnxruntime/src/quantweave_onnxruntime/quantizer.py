@@ -1,0 +1,275 @@
+"""ONNX Runtime quantizer: the QDQ recipe of ``onnxruntime.quantization.quantize_static``, on aten ops.
+
+ONNX Runtime turns a quantized ONNX model into int8 kernels by finding *node units*: an op
+whose every tensor input comes from a ``DequantizeLinear`` and whose only output goes to a
+``QuantizeLinear`` (DQ -> Conv -> Q becomes ``QLinearConv``, DQ -> Gemm -> Q ``QGemm``,
+DQ -> Add -> Q ``QLinearAdd``...). The recipe therefore quantizes outputs, not only inputs:
+
+- conv1d / conv2d / conv_transpose2d / linear: input (activation), weight (int8 symmetric,
+  per output channel: axis 0, axis 1 for a transposed conv) and output; the bias stays float.
+  A relu (conv2d: also hardtanh / relu6) that is the op's only user is folded into the
+  output's range: the activation's output is quantized, the op's is not (ORT's
+  ReluQuantFusion / ClipQuantFusion drop the relu / clip in front of the QuantizeLinear);
+- add / mul (and a relu after them) / matmul: both inputs and their own output;
+- cat: one range for all its inputs and its output (ORT's Concat shares qparams);
+- max_pool2d, flatten, view, reshape, permute, transpose, squeeze, dropout: where their
+  input is quantized (by any quantizer), input and output share its qparams (ORT drops the
+  DQ / Q pair around them);
+- avg_pool2d / adaptive_avg_pool2d: where their input is quantized, their own output.
+
+Activations: uint8 [0, 255] affine (ORT's ``QuantType.QUInt8``) or, with
+``activation_dtype="int8"``, int8 [-128, 127] affine (``QuantType.QInt8`` with ORT's default
+``ActivationSymmetric=False``: ORT drops a relu / clip before a QuantizeLinear only when the
+zero point is the lowest value); HistogramObserver (``observer=
+"minmax"``: MinMaxObserver, what ORT calibrates with by default). Weights: int8 [-127, 127]
+symmetric (ORT's restricted symmetric range), per channel unless ``per_channel=False``;
+``reduce_range=True``: in [-64, 64] (ORT's ``reduce_range``, for
+CPUs without VNNI, whose u8 x s8 kernels saturate with full-range weights). Post-training
+static only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.fx import GraphModule, Node
+
+import quantweave as qw
+from quantweave.observers import HistogramObserver, MinMaxObserver, PerChannelMinMaxObserver
+from quantweave.plugin_api import SKIP_REASON_KEY, Capability, is_annotated, mark_annotated, set_skip_reason
+
+from ._capabilities import declared_capabilities, weight_range
+
+__all__ = ["ORTQuantizer", "declared_capabilities"]
+
+aten = torch.ops.aten
+
+_RELU = (aten.relu.default, aten.relu_.default)
+_CLIP = (aten.hardtanh.default, aten.hardtanh_.default, aten.relu6.default)
+#: weighted op -> the activations folded into its output range
+_WEIGHTED: dict[Any, tuple[Any, ...]] = {
+    aten.conv1d.default: _RELU,
+    aten.conv2d.default: _RELU + _CLIP,
+    aten.conv_transpose2d.input: _RELU,
+    aten.linear.default: _RELU,
+    # padding="same" / "valid": the same convolution (ONNX Conv takes the padding either way)
+    aten.conv1d.padding: _RELU,
+    aten.conv2d.padding: _RELU + _CLIP,
+}
+_TRANSPOSED = (aten.conv_transpose2d.input,)
+_BINARY = (aten.add.Tensor, aten.mul.Tensor)
+_MATMUL = (aten.matmul.default,)
+_CAT = (aten.cat.default,)
+_SHARED = (
+    aten.max_pool2d.default,
+    aten.flatten.using_ints,
+    aten.view.default,
+    aten.reshape.default,
+    aten.permute.default,
+    aten.transpose.int,
+    aten.squeeze.dim,
+    aten.squeeze.dims,
+    aten.dropout.default,
+)
+_AVERAGING = (aten.avg_pool2d.default, aten.adaptive_avg_pool2d.default)
+
+_ACTIVATION_DTYPES = ("uint8", "int8")
+_OBSERVERS = ("histogram", "minmax")
+
+
+def _is_float32(arg: Any) -> bool:
+    if not isinstance(arg, Node):
+        return False
+    val = arg.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.dtype == torch.float32
+
+
+def _has_output_qparams(node: Node) -> bool:
+    annotation = node.meta.get(qw.ANNOTATION_KEY)
+    return annotation is not None and getattr(annotation, "output_qspec", None) is not None
+
+
+def _only_user(node: Node, targets: tuple[Any, ...]) -> Node | None:
+    if len(node.users) != 1:
+        return None
+    (user,) = node.users
+    if user.op == "call_function" and user.target in targets and user.args and user.args[0] is node:
+        return user
+    return None
+
+
+class ORTQuantizer(qw.Quantizer):
+    """ONNX Runtime's QDQ recipe (see the module docstring). Usable as built.
+
+    ``activation_dtype``: ``"uint8"`` (default: affine [0, 255]) or ``"int8"`` (affine
+    [-128, 127]); ``per_channel``: int8 weights per output channel (default) or per tensor;
+    ``observer``: ``"histogram"`` (default) or ``"minmax"`` for the activations;
+    ``reduce_range``: 7-bit weights, [-64, 64] (CPUs without VNNI).
+    """
+
+    name = "onnxruntime"
+
+    def __init__(
+        self,
+        activation_dtype: str = "uint8",
+        per_channel: bool = True,
+        observer: str = "histogram",
+        reduce_range: bool = False,
+    ) -> None:
+        if activation_dtype not in _ACTIVATION_DTYPES:
+            raise ValueError(
+                f"ORTQuantizer: activation_dtype must be one of {', '.join(_ACTIVATION_DTYPES)}; "
+                f"got {activation_dtype!r}"
+            )
+        for option, value in (("per_channel", per_channel), ("reduce_range", reduce_range)):
+            if not isinstance(value, bool):
+                raise TypeError(f"ORTQuantizer: {option} must be a bool; got {value!r}")
+        if observer not in _OBSERVERS:
+            raise ValueError(f"ORTQuantizer: observer must be one of {', '.join(_OBSERVERS)}; got {observer!r}")
+        self.activation_dtype = activation_dtype
+        self.per_channel = per_channel
+        self.observer = observer
+        self.reduce_range = reduce_range
+        ctr = (HistogramObserver if observer == "histogram" else MinMaxObserver).with_args(eps=2**-12)
+        if activation_dtype == "uint8":
+            self.act = qw.QuantizationSpec(torch.uint8, ctr, 0, 255, torch.per_tensor_affine)
+        else:
+            self.act = qw.QuantizationSpec(torch.int8, ctr, -128, 127, torch.per_tensor_affine)
+        self._weights = {axis: self._weight_spec(axis) for axis in (0, 1)}
+
+    def _weight_spec(self, axis: int) -> qw.QuantizationSpec:
+        lo, hi = weight_range(self.reduce_range)
+        if self.per_channel:
+            ctr = PerChannelMinMaxObserver.with_args(eps=2**-12)
+            return qw.QuantizationSpec(torch.int8, ctr, lo, hi, torch.per_channel_symmetric, ch_axis=axis)
+        return qw.QuantizationSpec(torch.int8, MinMaxObserver.with_args(eps=2**-12), lo, hi, torch.per_tensor_symmetric)
+
+    def quantization_capabilities(self) -> tuple[Capability, ...]:
+        return declared_capabilities(
+            activation_dtype=self.activation_dtype, per_channel=self.per_channel, reduce_range=self.reduce_range
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"ORTQuantizer(activation_dtype={self.activation_dtype!r}, per_channel={self.per_channel}, "
+            f"observer={self.observer!r}, reduce_range={self.reduce_range})"
+        )
+
+    # -- annotation --------------------------------------------------------------------------------
+
+    def annotate(self, model: GraphModule) -> GraphModule:
+        # graph order is topological: a producer is annotated before the ops that share its qparams
+        for node in list(model.graph.nodes):
+            if node.op != "call_function" or is_annotated(node):
+                continue
+            target = node.target
+            if target in _WEIGHTED:
+                self._weighted(node)
+            elif target in _BINARY:
+                self._binary(node)
+            elif target in _MATMUL:
+                self._two_inputs(node, node)
+            elif target in _CAT:
+                self._cat(node)
+            elif target in _SHARED:
+                self._shared(node)
+            elif target in _AVERAGING:
+                self._averaging(node)
+        self._explain_float(model)
+        return model
+
+    @staticmethod
+    def _explain_float(model: GraphModule) -> None:
+        """Why each op of the recipe stayed float (read by ``quantweave.annotation_report``); a
+        reason an earlier quantizer of a composition recorded is kept."""
+        for node in model.graph.nodes:
+            if node.op != "call_function" or is_annotated(node) or isinstance(node.meta.get(SKIP_REASON_KEY), str):
+                continue
+            op = str(node.target).split(".")[1] if str(node.target).count(".") == 2 else str(node.target)
+            if node.target in _WEIGHTED:
+                reason = f"{op}: its input is not a float32 tensor or its weight is not a graph tensor"
+            elif node.target in _BINARY + _MATMUL:
+                reason = (
+                    f"{op}: ORT's recipe quantizes it between two float32 tensors; "
+                    "an operand is a scalar, a constant or not float32"
+                )
+            elif node.target in _CAT:
+                reason = "cat: not every input is a float32 tensor"
+            elif node.target in _SHARED + _AVERAGING:
+                reason = f"{op}: its input is not quantized (ORT runs it on int8 data only after a quantized producer)"
+            else:
+                continue
+            set_skip_reason(node, reason)
+
+    def _weighted(self, node: Node) -> None:
+        x = node.args[0]
+        weight = node.args[1] if len(node.args) > 1 else None
+        if not _is_float32(x) or not isinstance(weight, Node):
+            return
+        assert isinstance(x, Node)
+        activation = _only_user(node, _WEIGHTED[node.target])
+        if activation is not None and is_annotated(activation):  # claimed by an earlier quantizer
+            activation = None
+        axis = 1 if node.target in _TRANSPOSED else 0
+        qw.annotate_input_qspec_map(node, x, self.act)
+        qw.annotate_input_qspec_map(node, weight, self._weights[axis])
+        if activation is None:
+            qw.annotate_output_qspec(node, self.act)
+            mark_annotated(node)
+        else:
+            qw.annotate_output_qspec(activation, self.act)
+            mark_annotated([node, activation])
+
+    def _binary(self, node: Node) -> None:
+        relu = _only_user(node, _RELU)
+        if relu is not None and is_annotated(relu):
+            relu = None
+        self._two_inputs(node, relu or node)
+
+    def _two_inputs(self, node: Node, last: Node) -> None:
+        if len(node.args) < 2 or not all(_is_float32(a) for a in node.args[:2]):
+            return
+        for arg in node.args[:2]:
+            assert isinstance(arg, Node)
+            qw.annotate_input_qspec_map(node, arg, self.act)
+        qw.annotate_output_qspec(last, self.act)
+        mark_annotated([node] if last is node else [node, last])
+
+    def _cat(self, node: Node) -> None:
+        tensors = node.args[0] if node.args else None
+        if not isinstance(tensors, (list, tuple)) or not tensors or not all(_is_float32(t) for t in tensors):
+            return
+        inputs: list[Node] = list(tensors)
+        # one range for every input and the output, owned by the first quantized input
+        owner = next((i for i in inputs if _has_output_qparams(i)), inputs[0])
+        qw.annotate_input_qspec_map(node, owner, self.act)
+        shared = qw.SharedQuantizationSpec((owner, node))
+        for other in inputs:
+            if other is not owner:
+                qw.annotate_input_qspec_map(node, other, shared)
+        qw.annotate_output_qspec(node, shared)
+        mark_annotated(node)
+
+    def _quantized_input(self, node: Node) -> Node | None:
+        x = node.args[0] if node.args else None
+        if isinstance(x, Node) and _is_float32(x) and _has_output_qparams(x):
+            return x
+        return None
+
+    def _shared(self, node: Node) -> None:
+        x = self._quantized_input(node)
+        if x is None:
+            return
+        shared = qw.SharedQuantizationSpec(x)
+        qw.annotate_input_qspec_map(node, x, shared)
+        qw.annotate_output_qspec(node, shared)
+        mark_annotated(node)
+
+    def _averaging(self, node: Node) -> None:
+        x = self._quantized_input(node)
+        if x is None:
+            return
+        qw.annotate_input_qspec_map(node, x, qw.SharedQuantizationSpec(x))
+        qw.annotate_output_qspec(node, self.act)
+        mark_annotated(node)

@@ -1,0 +1,195 @@
+"""quantweave-onnxruntime: the QDQ recipe (what is annotated, what shares qparams, options) and
+its declared capabilities. Needs no onnx / onnxruntime (default env)."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import quantweave as qw
+from quantweave.registry import PluginManager
+from quantweave.testing.conformance import assert_conforms, capability_cases, check_capability
+from quantweave_onnxruntime import ORTQuantizer, declared_capabilities
+from quantweave_onnxruntime import plugin as ort_plugin
+
+KEY = qw.ANNOTATION_KEY
+(INFO,) = ort_plugin.quantweave_quantizers()
+aten = torch.ops.aten
+
+
+class CNN(torch.nn.Module):
+    """3 convs, a residual add, pooling, a linear (the issue's reference model, small)."""
+
+    def __init__(self, channels: int = 8, classes: int = 10) -> None:
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, channels, 3, padding=1)
+        self.c2 = torch.nn.Conv2d(channels, channels, 3, padding=1)
+        self.c3 = torch.nn.Conv2d(channels, channels, 3, padding=1)
+        self.fc = torch.nn.Linear(channels, classes)
+
+    def forward(self, x):
+        x = F.relu(self.c1(x))
+        y = self.c3(F.relu(self.c2(x)))
+        z = F.max_pool2d(F.relu(y + x), 2)
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(z, 1), 1))
+
+
+def annotate(model, *args, quantizer=None):
+    gm = torch.export.export(model.eval(), args).module()
+    (quantizer or ORTQuantizer()).annotate(gm)
+    by_op = {}
+    for node in gm.graph.nodes:
+        if KEY in node.meta:
+            by_op.setdefault(node.target, []).append(node)
+    return by_op, gm
+
+
+@pytest.mark.parametrize("cap", capability_cases(INFO))
+def test_each_declared_capability_is_delivered(cap):
+    assert check_capability(INFO, cap, plugin="onnxruntime") == []
+
+
+def test_nothing_undeclared_is_annotated():
+    assert_conforms(INFO, plugin="onnxruntime")
+
+
+@pytest.mark.parametrize("options", [{"activation_dtype": "int8"}, {"per_channel": False}, {"reduce_range": True}])
+def test_options_are_declared_and_delivered(options):
+    info = qw.QuantizerInfo(
+        name="onnxruntime",
+        factory=lambda: ORTQuantizer(**options),
+        capabilities=declared_capabilities(**options),
+    )
+    assert_conforms(info, plugin="onnxruntime")
+    assert ORTQuantizer(**options).quantization_capabilities() == info.capabilities
+
+
+def test_weighted_ops_quantize_their_output_and_fold_relu_into_it():
+    by_op, _ = annotate(CNN(), torch.randn(1, 3, 16, 16))
+    conv1, conv2, conv3 = by_op[aten.conv2d.default]
+    relu1, relu2, _ = by_op[aten.relu.default]
+    # conv + relu: the relu's output is quantized, the conv's is not (one DQ -> Conv -> Relu -> Q unit)
+    for conv, relu in ((conv1, relu1), (conv2, relu2)):
+        annotation = conv.meta[KEY]
+        assert annotation.output_qspec is None and relu.meta[KEY].output_qspec is not None
+        weight = annotation.input_qspec_map[conv.args[1]]
+        assert (weight.dtype, weight.qscheme, weight.ch_axis) == (torch.int8, torch.per_channel_symmetric, 0)
+        assert conv.args[2] not in annotation.input_qspec_map  # bias stays float
+    # conv alone: its own output
+    assert conv3.meta[KEY].output_qspec.dtype == torch.uint8
+    (linear,) = by_op[aten.linear.default]
+    assert linear.meta[KEY].output_qspec.dtype == torch.uint8
+
+
+def test_residual_add_has_its_own_output_and_pooling_shares_or_not_as_ort_does():
+    by_op, _ = annotate(CNN(), torch.randn(1, 3, 16, 16))
+    (add,) = by_op[aten.add.Tensor]
+    assert len(add.meta[KEY].input_qspec_map) == 2
+    relu_after_add = next(iter(add.users))
+    assert add.meta[KEY].output_qspec is None and relu_after_add.meta[KEY].output_qspec.dtype == torch.uint8
+    (pool,) = by_op[aten.max_pool2d.default]
+    assert isinstance(pool.meta[KEY].output_qspec, qw.SharedQuantizationSpec)
+    (avg,) = by_op[aten.adaptive_avg_pool2d.default]
+    assert isinstance(avg.meta[KEY].output_qspec, qw.QuantizationSpec)  # QLinearGlobalAveragePool: own range
+    (flatten,) = by_op[aten.flatten.using_ints]
+    assert isinstance(flatten.meta[KEY].output_qspec, qw.SharedQuantizationSpec)
+
+
+def test_shared_ops_end_up_with_their_inputs_qparams_after_convert():
+    class Shapes(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Conv2d(3, 4, 3)
+            self.b = torch.nn.Conv2d(3, 4, 3)
+
+        def forward(self, x):
+            y = torch.cat([self.a(x), self.b(x)], 1)
+            return y.permute(0, 2, 3, 1).reshape(1, -1)
+
+    model, x = Shapes().eval(), torch.randn(1, 3, 8, 8)
+    prepared = qw.prepare_pt2e(torch.export.export(model, (x,)).module(), ORTQuantizer(observer="minmax"))
+    prepared(x)
+    converted = qw.convert_pt2e(prepared)
+    qparams = {
+        (float(n.args[1]), int(n.args[2]))
+        for n in converted.graph.nodes
+        if n.target == torch.ops.quantized_decomposed.quantize_per_tensor.default and n.args[0].op != "placeholder"
+    }
+    assert len(qparams) == 1  # both convs, the cat, the permute and the reshape: one range
+
+
+def test_ops_left_alone():
+    class Float(torch.nn.Module):
+        def forward(self, x):
+            return torch.flatten(F.max_pool2d(x, 2), 1).sigmoid()  # nothing quantized feeds the pool
+
+    by_op, gm = annotate(Float(), torch.randn(1, 3, 8, 8))
+    assert by_op == {}
+    reasons = {n.name: n.meta.get(qw.SKIP_REASON_KEY) for n in gm.graph.nodes}
+    assert "input is not quantized" in reasons["max_pool2d"] and "max_pool2d" in reasons["max_pool2d"]
+
+
+def test_int8_activations_are_affine_as_ort_quint8_and_qint8_are():
+    by_op, _ = annotate(CNN(), torch.randn(1, 3, 16, 16), quantizer=ORTQuantizer(activation_dtype="int8"))
+    spec = by_op[aten.linear.default][0].meta[KEY].output_qspec
+    assert (spec.dtype, spec.qscheme, spec.quant_min, spec.quant_max) == (
+        torch.int8,
+        torch.per_tensor_affine,
+        -128,
+        127,
+    )
+
+
+def test_bad_options_name_the_option():
+    with pytest.raises(ValueError, match="activation_dtype"):
+        ORTQuantizer(activation_dtype="int4")
+    with pytest.raises(TypeError, match="per_channel"):
+        ORTQuantizer(per_channel="yes")
+    with pytest.raises(TypeError, match="reduce_range"):
+        ORTQuantizer(reduce_range=1)
+    with pytest.raises(ValueError, match="observer"):
+        ORTQuantizer(observer="entropy")
+
+
+def test_caller_model_is_not_modified_and_sqnr_is_good():
+    torch.manual_seed(0)
+    model, x = CNN().eval(), torch.randn(2, 3, 16, 16)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    prepared = qw.prepare_pt2e(torch.export.export(model, (x,)).module(), ORTQuantizer())
+    for _ in range(3):
+        prepared(torch.randn(2, 3, 16, 16))
+    out = qw.convert_pt2e(prepared)(x)
+    expected = model(x)
+    sqnr = 10 * torch.log10(expected.pow(2).mean() / (expected - out).pow(2).mean())
+    assert sqnr > 25
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_the_plugin_registers_through_a_fresh_manager_without_importing_onnxruntime():
+    pm = PluginManager(entry_points=[])
+    assert pm.register("onnxruntime", ort_plugin).status == "loaded"
+    assert isinstance(pm.get_quantizer("onnxruntime", activation_dtype="int8"), ORTQuantizer)
+    # loading the plugin and building a quantizer imports neither onnx nor onnxruntime (fresh interpreter)
+    code = (
+        "import sys, quantweave_onnxruntime.plugin as p; p.quantweave_quantizers(); p.make_quantizer(); "
+        "print(sorted(m for m in ('onnx', 'onnxruntime', 'onnxscript') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_a_conv_with_string_padding_is_quantized_like_any_conv():
+    class Same(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, 3, padding="same")
+
+        def forward(self, x):
+            return F.relu(self.conv(x))
+
+    by_op, _ = annotate(Same(), torch.randn(1, 3, 8, 8))
+    (conv,) = by_op[aten.conv2d.padding]
+    (relu,) = by_op[aten.relu.default]
+    assert len(conv.meta[KEY].input_qspec_map) == 2 and relu.meta[KEY].output_qspec is not None
