@@ -320,13 +320,33 @@ def test_fixed_and_derived_specs_with_tensor_qparams_translate():
 def test_a_spec_quantweave_cannot_take_names_the_edge_the_class_and_the_quantizer():
     def fn(gm):
         linear = _linear(gm)
-        spec = QuantizationSpec(dtype=torch.float16, observer_or_fake_quant_ctr=PlaceholderObserver)
+        spec = QuantizationSpec(dtype=torch.float64, observer_or_fake_quant_ctr=PlaceholderObserver)
         linear.meta[KEY] = QuantizationAnnotation(input_qspec_map={linear.args[0]: spec})
 
     with pytest.raises(
-        qw.AnnotationError, match=r"edge 'x' -> 'linear'.*'FnQuantizer'.*test_hosting\.QuantizationSpec.*float16"
+        qw.AnnotationError, match=r"edge 'x' -> 'linear'.*'FnQuantizer'.*test_hosting\.QuantizationSpec.*float64"
     ):
         _prepare_mlp(fn)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_precision_placeholder_spec_translates_like_the_native_one(dtype):
+    """torchao's float16 / bfloat16 specs mean what quantweave's own do (issue #29)."""
+    outputs = []
+    for api in (None, qw):
+        spec_cls = QuantizationSpec if api is None else qw.QuantizationSpec
+
+        def fn(gm, spec_cls=spec_cls, api=api):
+            linear = _linear(gm)
+            spec = spec_cls(dtype=dtype, observer_or_fake_quant_ctr=torch.ao.quantization.PlaceholderObserver)
+            annotation = QuantizationAnnotation if api is None else qw.QuantizationAnnotation
+            linear.meta[KEY] = annotation(input_qspec_map={linear.args[0]: spec})
+
+        torch.manual_seed(0)  # the same model and inputs for both
+        prepared, inputs = _prepare_mlp(fn)
+        prepared(*inputs)
+        outputs.append(qw.convert_pt2e(prepared)(*inputs))
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=0)
 
 
 def test_an_object_that_is_not_a_spec_is_named():
@@ -669,3 +689,13 @@ def test_annotation_report_reads_a_graph_a_hosted_quantizer_annotated():
     quantizer.annotate(gm)  # torchao's classes on the graph, no prepare
     report = qw.annotation_report(gm, quantizer)
     assert {row.node for row in report.nodes if row.status == "quantized"} >= {"linear", "linear_1"}
+
+
+def test_fallback_takes_a_hosted_quantizer_and_leave_float_derives_its_capabilities():
+    hosted = make_reference_quantizer(FOREIGN)  # declares no capabilities
+    caps = qw.LeaveFloat(hosted, nodes=[]).quantization_capabilities()
+    assert caps and {c.source for c in caps} == {"derived"}
+    torch.manual_seed(0)
+    model, inputs = MODELS["mlp"]()
+    result = qw.fallback(export(model, *inputs), hosted, [inputs], lambda m: 1.0, max_drop=0.01)
+    assert result.met

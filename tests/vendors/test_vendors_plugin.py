@@ -53,7 +53,9 @@ class _FakeVendor:
 def test_the_wrapper_passes_every_hook_and_the_vendors_own_api_through():
     vendor = _FakeVendor()
     hosted = HostedQuantizer(vendor, "fake")
-    assert hosted.set_global("int8") is vendor and vendor.config == "int8"  # the vendor's API, reached through
+    # the vendor's API, reached through; a chained call keeps the wrapper (its name and plugin)
+    assert hosted.set_global("int8") is hosted and vendor.config == "int8"
+    assert hosted.config == "int8"  # attributes are the vendor's
     gm = GraphModule(torch.nn.Module(), torch.fx.Graph())
     assert hosted.transform_for_annotation(gm) is gm and hosted.annotate(gm) is gm
     hosted.validate(gm)

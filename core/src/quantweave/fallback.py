@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
+from ._modules.derive import capabilities_of
 from ._modules.foreign import is_pt2e_quantizer, translate_annotations
 from .annotation import (
     ANNOTATION_KEY,
@@ -149,7 +150,8 @@ class LeaveFloat(Quantizer):
         self.quantizer.prepare_obs_or_fq_callback(model, edge_or_node_to_obs_or_fq)
 
     def quantization_capabilities(self) -> Sequence[Any]:
-        return getattr(self.quantizer, "quantization_capabilities", tuple)()
+        # what the wrapped quantizer declares, or derives by probing when it declares none
+        return capabilities_of(self.quantizer)
 
     def annotate(self, model: GraphModule) -> GraphModule:
         self.quantizer.annotate(model)
@@ -375,9 +377,12 @@ def fallback(
             f"fallback: model must be the exported float GraphModule (torch.export(...).module()); "
             f"got {type(model).__name__}"
         )
-    if isinstance(quantizer, type) or not isinstance(quantizer, Quantizer):
+    if isinstance(quantizer, type) or not (isinstance(quantizer, Quantizer) or is_pt2e_quantizer(quantizer)):
         got = f"the class {quantizer.__name__} itself" if isinstance(quantizer, type) else type(quantizer).__name__
-        raise TypeError(f"fallback: quantizer must be a quantweave.Quantizer instance; got {got}")
+        raise TypeError(
+            f"fallback: quantizer must be a quantweave.Quantizer instance; got {got} (an object with the PT2E "
+            "quantizer hooks, such as a torchao Quantizer, is taken too)"
+        )
     if not callable(evaluate):
         raise TypeError(f"fallback: evaluate must be callable (model -> score); got {type(evaluate).__name__}")
     if not isinstance(max_drop, (int, float)) or max_drop < 0:

@@ -154,11 +154,8 @@ class _Translator:
         dtype = self._dtype(spec.dtype)
         if dtype == torch.float32 or dtype == torch.float:
             return _FLOAT  # torchao observes it with a float observer that convert removes
-        if not is_integer_dtype(dtype):
-            raise ValueError(
-                f"dtype {spec.dtype} is a {dtype} cast (torchao converts it to convert_element_type ops); "
-                "quantweave converts integer dtypes only"
-            )
+        # float16 / bfloat16 placeholders and float8 specs go to quantweave's QuantizationSpec,
+        # which takes them as torchao does (and refuses any other dtype, naming it)
         qscheme = getattr(spec, "qscheme", None)
         ch_axis = getattr(spec, "ch_axis", None)
         if is_per_channel(qscheme) and ch_axis is None:

@@ -38,10 +38,10 @@ from ..annotation import (
     QuantizationSpecBase,
 )
 from ..errors import AnnotationError, MisuseWarning
+from ..observers import is_fake_quant_module
 from .graph import get_attr_value
 from .qtypes import INTEGER_DTYPE_RANGES, QSCHEMES, integer_dtype, is_per_channel
 from .sharing import build_observers, describe, group_specs
-from .torch_compat import FakeQuantizeBase
 
 __all__ = ["build_checked_observers", "check_specs", "check_observers", "check_observer_kind"]
 
@@ -191,7 +191,7 @@ def _check_group(group_size: Any, tensor: torch.Tensor | None, where: _Where, fi
 
 
 def _inner(observer: torch.nn.Module) -> torch.nn.Module:
-    if isinstance(observer, FakeQuantizeBase):
+    if is_fake_quant_module(observer):
         inner = getattr(observer, "activation_post_process", None)
         if isinstance(inner, torch.nn.Module):
             return inner
@@ -231,8 +231,8 @@ def check_observer_kind(
         return  # nothing observed; or per-token specs, which prepare_qat_pt2e refuses with its own error
     roots, concrete = group_specs(specs)
     static = [key for key in specs if _observes_statically(concrete[roots[key]])]
-    fake = [key for key in static if isinstance(observers.get(key), FakeQuantizeBase)]
-    plain = [key for key in static if key in observers and not isinstance(observers[key], FakeQuantizeBase)]
+    fake = [key for key in static if is_fake_quant_module(observers.get(key))]
+    plain = [key for key in static if key in observers and not is_fake_quant_module(observers[key])]
     if is_qat and plain:
         key = plain[0]
         kind = type(observers[key]).__name__

@@ -15,6 +15,7 @@ into quantize / dequantize ops.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -61,7 +62,19 @@ class HostedQuantizer(Quantizer):
         # names the wrapper does not have
         if name.startswith("_") or name == "vendor":
             raise AttributeError(name)
-        return getattr(self.__dict__["vendor"], name) if "vendor" in self.__dict__ else _missing(name)
+        if "vendor" not in self.__dict__:
+            return _missing(name)
+        value = getattr(self.__dict__["vendor"], name)
+        if not callable(value):
+            return value
+
+        @functools.wraps(value)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            result = value(*args, **kwargs)
+            # chained configuration (q.set_global(c).set_module_type(...)) keeps the wrapper
+            return self if result is self.__dict__["vendor"] else result
+
+        return forward
 
     def __repr__(self) -> str:
         return f"HostedQuantizer({self.name!r}, {type(self.vendor).__module__}.{type(self.vendor).__qualname__})"
