@@ -55,13 +55,9 @@ NAMES = [vendor.name for vendor in VENDORS]
 #: vendors that rewrite annotations an earlier quantizer made (measured: the other order fails)
 REANNOTATE = ("executorch-arm-tosa", "executorch-arm-ethos-u", "executorch-samsung-enn")
 #: (vendor, model) -> why quantweave's q/dq count differs from torchao's (values still equal)
-QDQ_DIFFERS = {
-    ("executorch-vulkan", "attention"): (
-        "quantweave's convert gives each reader of a dynamically quantized activation its own dequantize (x feeds "
-        "q, k and v: 3 dequantize nodes), torchao's DuplicateDQPass keeps one for dynamic quantization: 10 vs 8 "
-        "q/dq nodes, outputs equal (max diff 0); a core convert difference, see the closing note"
-    ),
-}
+#: (vendor, model) -> why quantweave's q/dq count differs from torchao's (none today: Vulkan's dynamic
+#: attention was 10 vs 8 until convert kept one dequantize per dynamically quantized tensor)
+QDQ_DIFFERS: dict[tuple[str, str], str] = {}
 
 
 @pytest.fixture(scope="module")
