@@ -498,8 +498,8 @@ def test_scan_body_is_prepared_and_converted():
     body = _body(prepared, torch.ops.higher_order.scan, 0)
     assert sum("activation_post_process" in str(n.target) for n in body.graph.nodes) == 2
     assert not any("activation_post_process" in str(n.target) for n in original_body.graph.nodes)  # caller's intact
-    with torch.no_grad():
-        prepared(*inputs)
+    result = qw.calibrate(prepared, [inputs])  # the body's observers are calibrate's too
+    assert result.observers == 2 and result.observed == 2, result
     converted = qw.convert_pt2e(prepared)
     body = _body(converted, torch.ops.higher_order.scan, 0)
     assert len(calls(body, qd.quantize_per_tensor.default)) == 2

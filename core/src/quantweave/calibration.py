@@ -83,12 +83,17 @@ def _learns_from_data(module: torch.nn.Module) -> bool:
 
 
 def _observers(model: GraphModule) -> dict[str, torch.nn.Module]:
+    """The observers ``model``'s graph calls, and those of the subgraphs it runs (``scan`` /
+    ``while_loop`` bodies, which prepare quantizes too), by qualified name."""
     found: dict[str, torch.nn.Module] = {}
-    for node in model.graph.nodes:
-        if node.op == "call_module":
-            module = model.get_submodule(str(node.target))
-            if is_observer_module(module):
-                found[str(node.target)] = module
+    for prefix, gm in model.named_modules():
+        if not isinstance(gm, GraphModule):
+            continue
+        for node in gm.graph.nodes:
+            if node.op == "call_module":
+                module = gm.get_submodule(str(node.target))
+                if is_observer_module(module):
+                    found[f"{prefix}.{node.target}" if prefix else str(node.target)] = module
     return found
 
 
