@@ -19,7 +19,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ._modules.bn_fold import fold_batch_norm
-from ._modules.foreign import check_observers, translate_annotations
+from ._modules.foreign import PT2E_HOOKS, check_observers, translate_annotations
 from ._modules.graph import (
     check_graph_module,
     copy_graph_module,
@@ -73,11 +73,8 @@ def prepare_qat_pt2e(model: GraphModule, quantizer: Quantizer) -> GraphModule:
     return _prepare(model, quantizer, is_qat=True)
 
 
-_HOOKS = ("transform_for_annotation", "annotate", "validate", "prepare_obs_or_fq_callback")
-
-
 def _check_quantizer(quantizer: object, api: str) -> None:
-    missing = [hook for hook in _HOOKS if not callable(getattr(quantizer, hook, None))]
+    missing = [hook for hook in PT2E_HOOKS if not callable(getattr(quantizer, hook, None))]
     if missing:
         raise TypeError(
             f"{api} expects a quantweave.Quantizer; got {type(quantizer).__name__} (no {', '.join(missing)} method)"
