@@ -1,5 +1,9 @@
 """The core has no import cycles, and the plugin contract stays a leaf (static check, no torch
-needed: runs in the tox `lint` env as well as with the suite)."""
+needed: runs in the tox `lint` env as well as with the suite).
+
+Every import counts, wherever it stands: at module level and inside functions and methods
+(an import deferred into a function is a cycle all the same, only hidden until the call);
+only ``if TYPE_CHECKING:`` blocks, which never run, are skipped."""
 
 import ast
 from pathlib import Path
@@ -36,12 +40,29 @@ def _module_level_imports(tree: ast.Module):
             stack += node.body + node.orelse + node.finalbody + [s for h in node.handlers for s in h.body]
 
 
-def import_graph() -> dict[str, set[str]]:
+def _all_imports(tree: ast.Module):
+    """Every import the module can execute: at any depth (functions, methods, nested
+    blocks), except inside ``if TYPE_CHECKING:``."""
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If) and _is_type_checking(node):
+            stack += node.orelse
+        else:
+            stack += ast.iter_child_nodes(node)
+
+
+def import_graph(function_level: bool = True) -> dict[str, set[str]]:
+    """module -> the core modules it imports (``function_level=False``: only those imported
+    when it is imported)."""
+    read = _all_imports if function_level else _module_level_imports
     modules = {_module_name(p): p for p in (SRC / PACKAGE).rglob("*.py")}
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         is_package = path.name == "__init__.py"
-        for node in _module_level_imports(ast.parse(path.read_text(), str(path))):
+        for node in read(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -100,6 +121,31 @@ def test_the_graph_sees_the_core():
 
 def test_core_modules_import_no_cycle():
     assert _cycles(import_graph()) == []
+
+
+def test_function_level_imports_are_read():
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from a import skipped\n"
+        "import top\n"
+        "def f():\n    from .inner import x\n    class C:\n        def m(self):\n            import deep\n"
+    )
+    found = {getattr(n, "module", None) or n.names[0].name for n in _all_imports(ast.parse(source))}
+    assert found == {"typing", "top", "inner", "deep"}
+    graph = import_graph()
+    # imported only inside functions: seen by the full graph, not by the module-level one
+    assert "quantweave._modules.derive" in graph["quantweave.capabilities"]
+    assert "quantweave._modules.derive" not in import_graph(function_level=False)["quantweave.capabilities"]
+
+
+def test_nothing_outside_testing_imports_testing():
+    graph = import_graph()
+    reaching = sorted(
+        name
+        for name, targets in graph.items()
+        if not name.startswith(f"{PACKAGE}.testing") and any(t.startswith(f"{PACKAGE}.testing") for t in targets)
+    )
+    assert reaching == []
 
 
 def test_the_cycle_finder_finds_cycles():

@@ -8,6 +8,7 @@ pluggy) is imported on first use of one of its names, so ``import quantweave`` a
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ._modules.version import __version__ as __version__
 from .annotation import (
     ANNOTATED_BY_KEY,
     ANNOTATION_KEY,
@@ -59,8 +60,6 @@ from .training import allow_exported_model_train_eval, move_exported_model_to_ev
 
 if TYPE_CHECKING:
     from .registry import PluginManager, get_quantizer, plugins, quantization_capabilities
-
-__version__ = "0.1.1"
 
 _LAZY = {name: "registry" for name in ("PluginManager", "get_quantizer", "plugins", "quantization_capabilities")}
 

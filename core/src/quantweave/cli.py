@@ -136,7 +136,7 @@ def render_version(manager: PluginManager) -> str:
     """The core's version and plugin API, torch's, and each plugin's distribution and version."""
     import torch
 
-    from . import __version__
+    from ._modules.version import __version__
     from .plugin_api import PLUGIN_API_VERSION
 
     lines = [f"quantweave {__version__} (plugin API {PLUGIN_API_VERSION}, torch {torch.__version__})"]

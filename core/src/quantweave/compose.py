@@ -31,9 +31,10 @@ from ._modules.foreign import is_annotation_like, translate_annotations
 from ._modules.misuse import quantizer_members
 from ._modules.patterns import Chain, chain_of, embeddings
 from .annotation import ANNOTATED_BY_KEY, ANNOTATION_KEY, EdgeOrNode, QuantizationAnnotation
-from .capabilities import PATTERNS, PROBE_PRODUCERS, Capability, Mode, sort_capabilities
+from .capabilities import Capability, Mode, sort_capabilities
 from .errors import AnnotationConflictError
 from .quantizer import Quantizer
+from .vocabulary import Vocabulary, core_vocabulary
 
 __all__ = ["AnnotationConflictError", "CapabilityRow", "ComposableQuantizer", "quantizer_label"]
 
@@ -173,12 +174,15 @@ class ComposableQuantizer(Quantizer):
         for member, label in zip(self.quantizers, self.labels, strict=True):
             self._member_call(label, member, "prepare_obs_or_fq_callback", model, edge_or_node_to_obs_or_fq)
 
-    def capability_table(self) -> list[CapabilityRow]:
+    def capability_table(self, vocabulary: Vocabulary | None = None) -> list[CapabilityRow]:
         """One row per declared (pattern, mode), computed from the patterns the members
         declare and how they overlap (see :class:`CapabilityRow`). A member that declares
         none (its class does not define ``quantization_capabilities``, e.g. a vendor's
         torchao quantizer) takes part with the capabilities probing derives
-        (:func:`quantweave.capabilities.derive_capabilities`)."""
+        (:func:`quantweave.capabilities.derive_capabilities`). A pattern probed behind a
+        producer (``PatternSpec.producer`` in ``vocabulary``, default the core's) is claimed
+        after that producer's ops."""
+        vocabulary = core_vocabulary() if vocabulary is None else vocabulary
         declared: list[tuple[str, Capability]] = []  # (member label, capability), in member order
         for member, label in zip(self.quantizers, self.labels, strict=True):
             for cap in capabilities_of(member):  # a member declaring none: derived by probing
@@ -197,8 +201,7 @@ class ComposableQuantizer(Quantizer):
         for key in dict.fromkeys(cap.key for _, cap in declared):
             pattern, mode = key
             own = [(label, cap) for label, cap in declared if cap.key == key]
-            producer = PATTERNS[PROBE_PRODUCERS[pattern]][1] if pattern in PROBE_PRODUCERS else ()
-            context = chain_of(producer)
+            context = chain_of(vocabulary.producer_ops(pattern))
             claims = self._claims(
                 context + chain_of(own[0][1].ops), [(lb, c) for lb, c in declared if c.mode is mode], pattern
             )

@@ -44,7 +44,7 @@ import torch
 from torch.fx import GraphModule, Interpreter, Node
 
 from ._modules.batch_norm import batch_norm_call
-from ._modules.text import render_table
+from ._modules.text import format_db, json_number, render_table
 from .convert import choose_qparams_ops, dequantize_ops, quantize_ops
 
 __all__ = ["NumericsReport", "OpNumerics", "compare", "join_annotation_report"]
@@ -129,14 +129,8 @@ class NumericsReport:
         return self.to_table()
 
 
-def _json_number(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return "inf" if value > 0 else "-inf" if value < 0 else "nan"
-    return value
-
-
-def _fmt_db(value: float) -> str:
-    return "inf" if value == math.inf else f"{value:.2f}"
+_json_number = json_number  # old private names (their code moved to quantweave._modules.text)
+_fmt_db = format_db
 
 
 def _short_op(target: str) -> str:

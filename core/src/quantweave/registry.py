@@ -34,13 +34,15 @@ from typing import Any
 
 import pluggy
 
+from ._modules.core_plugin import CORE, CORE_NAME
 from ._modules.derive import derived_for_info
 from ._modules.foreign import is_pt2e_quantizer
-from .capabilities import PATTERNS, Capability, Mode, PatternSpec, core_patterns, sort_capabilities
+from .capabilities import Capability, Mode, PatternSpec, sort_capabilities
 from .errors import PluginError, PluginWarning, UnknownQuantizerError
 from .hookspecs import QuantweaveHookSpecs
 from .plugin_api import PLUGIN_API_RELEASES, PLUGIN_API_VERSION, PROJECT, QuantizerInfo
 from .quantizer import Quantizer
+from .vocabulary import Vocabulary
 
 __all__ = [
     "PluginManager",
@@ -156,6 +158,8 @@ class PluginManager:
         self._strict = strict
         self._pm = pluggy.PluginManager(PROJECT)
         self._pm.add_hookspecs(self.hookspecs)
+        self._pm.register(CORE, name=CORE_NAME)  # the core patterns, through the plugins' own hook
+        self._core: dict[str, PatternSpec] | None = None
         self._records: dict[str, PluginRecord] = {}
         self._infos: dict[str, dict[str, QuantizerInfo]] = {}  # plugin -> quantizer name -> info
         self._offered: dict[str, list[PatternSpec]] = {}  # plugin -> patterns it contributes
@@ -333,7 +337,7 @@ class PluginManager:
     def _settle(self) -> list[tuple[str, BaseException | None]]:
         """Accept contributed patterns (first plugin by name wins a clash) and check that
         every loaded plugin declares capabilities only for known patterns."""
-        core = set(PATTERNS)
+        core = set(self._core_patterns())
         accepted: dict[str, PatternSpec] = {}
         notes: dict[str, list[str]] = {}
         for name in sorted(self._offered):
@@ -360,7 +364,7 @@ class PluginManager:
                 failure = _Failure(
                     "failed",
                     f"declares capabilities for pattern(s) {', '.join(unknown)}, which are neither core patterns "
-                    "(quantweave.capabilities.PATTERNS) nor contributed by a loaded plugin (quantweave_patterns hook)",
+                    "(quantweave.vocabulary.PATTERNS) nor contributed by a loaded plugin (quantweave_patterns hook)",
                 )
                 failures.append(self._record_failure(name, (record.distribution, record.version), failure, record.api))
                 continue
@@ -412,7 +416,18 @@ class PluginManager:
         """The pattern vocabulary: core patterns and those loaded plugins contribute
         (``origin`` says which), by name."""
         self.load()
-        return {**core_patterns(), **self._patterns}
+        return {**self._core_patterns(), **self._patterns}
+
+    def vocabulary(self) -> Vocabulary:
+        """:meth:`patterns` as one :class:`~quantweave.vocabulary.Vocabulary` (what the
+        conformance kit, compositions and the report take)."""
+        return Vocabulary(self.patterns())
+
+    def _core_patterns(self) -> dict[str, PatternSpec]:
+        """The patterns the core contributes through its own ``quantweave_patterns``."""
+        if self._core is None:
+            self._core = {spec.name: spec for result in self._call("quantweave_patterns", CORE) for spec in result}
+        return dict(self._core)
 
     def quantizer_infos(self) -> dict[str, QuantizerInfo]:
         """Every available quantizer under its qualified name ``"<plugin>:<quantizer>"``."""

@@ -49,9 +49,9 @@ from torch.fx import GraphModule, Node
 
 from ._modules.foreign import is_annotation_like
 from ._modules.patterns import node_op
-from ._modules.text import render_table
+from ._modules.text import format_db, json_number, render_table
 from .annotation import ANNOTATED_BY_KEY, ANNOTATION_KEY, SKIP_REASON_KEY
-from .capabilities import PATTERNS
+from .vocabulary import Vocabulary, core_vocabulary
 
 if TYPE_CHECKING:
     from .numerics import NumericsReport, OpNumerics
@@ -64,10 +64,10 @@ FUSED = "fused: runs inside the quantized pattern of its neighbours (claimed wit
 KINDS = ("quantized", "fused", "skipped", "not_applicable", "shadowed", "unexplained", "undeclared")
 
 
-def reported_ops(capabilities: Iterable[Any] = ()) -> frozenset[str]:
-    """The op names the report lists: every op of the core vocabulary, and the ops of the
-    given capabilities (patterns that plugins contribute)."""
-    ops = {op for _, pattern_ops in PATTERNS.values() for op in pattern_ops}
+def reported_ops(capabilities: Iterable[Any] = (), vocabulary: Vocabulary | None = None) -> frozenset[str]:
+    """The op names the report lists: every op of the vocabulary (default the core's), and
+    the ops of the given capabilities (patterns that plugins contribute)."""
+    ops = set((core_vocabulary() if vocabulary is None else vocabulary).all_ops())
     ops.update(op for cap in capabilities for op in getattr(cap, "ops", ()))
     return frozenset(ops)
 
@@ -91,16 +91,14 @@ class NodeReport:
     def to_dict(self) -> dict[str, Any]:
         """The node as JSON-able values (``numerics`` only when present; infinite SQNR as
         the string ``"inf"``)."""
-        from .numerics import _json_number
-
         data = {k: v for k, v in asdict(self).items() if k != "numerics"}
         if self.numerics is not None:
             op = self.numerics
             data["numerics"] = {
-                "sqnr_db": _json_number(op.sqnr_db),
-                "max_abs_error": _json_number(op.max_abs_error),
-                "cumulative_sqnr_db": _json_number(op.cumulative_sqnr_db),
-                "cumulative_max_abs_error": _json_number(op.cumulative_max_abs_error),
+                "sqnr_db": json_number(op.sqnr_db),
+                "max_abs_error": json_number(op.max_abs_error),
+                "cumulative_sqnr_db": json_number(op.cumulative_sqnr_db),
+                "cumulative_max_abs_error": json_number(op.cumulative_max_abs_error),
                 "compared_with": op.compared_with,
             }
         return data
@@ -165,8 +163,6 @@ class AnnotationReport:
     def to_table(self, worst_first: bool = False, limit: int | None = None) -> str:
         """The aligned table. ``worst_first``: the rows with numerics first, lowest op SQNR
         first; ``limit``: at most that many rows (the summary still counts them all)."""
-        from .numerics import _fmt_db
-
         nodes = self.worst_first() if worst_first else self.nodes
         shown = nodes if limit is None else nodes[: max(limit, 0)]
         rows: list[tuple[str, ...]]
@@ -183,9 +179,9 @@ class AnnotationReport:
                         ("-", "-", "-")
                         if n.numerics is None
                         else (
-                            _fmt_db(n.numerics.sqnr_db),
+                            format_db(n.numerics.sqnr_db),
                             f"{n.numerics.max_abs_error:.4g}",
-                            _fmt_db(n.numerics.cumulative_sqnr_db),
+                            format_db(n.numerics.cumulative_sqnr_db),
                         )
                     ),
                     n.reason or "",
@@ -298,17 +294,15 @@ class _Graph:
     fake-quantize) modules between ops; patterns are matched as if they were not there."""
 
     def __init__(self, model: GraphModule) -> None:
-        from ._modules.patterns import chain_of
         from .observers import is_observer_module
 
-        self.chain_of = chain_of
         self.observer = {
             n
             for n in model.graph.nodes
             if n.op == "call_module" and is_observer_module(_submodule(model, str(n.target)))
         }
         self._occurrences: dict[tuple[str, ...], list[tuple[Node, ...]]] = {}
-        self.nodes = list(model.graph.nodes)
+        self.graph = model.graph
 
     def users(self, node: Node) -> list[Node]:
         out: list[Node] = []
@@ -325,22 +319,9 @@ class _Graph:
         return source
 
     def occurrences(self, ops: tuple[str, ...]) -> list[tuple[Node, ...]]:
+        """Where the chain ``ops`` occurs, matched through observers (the vocabulary's matcher)."""
         if ops not in self._occurrences:
-            chain = self.chain_of(ops)
-            found: list[tuple[Node, ...]] = []
-
-            def extend(path: tuple[Node, ...]) -> None:
-                if len(path) == len(chain):
-                    found.append(path)
-                    return
-                for user in self.users(path[-1]):
-                    if user.op == "call_function" and node_op(user) in chain[len(path)]:
-                        extend((*path, user))
-
-            for node in self.nodes:
-                if node.op == "call_function" and node_op(node) in chain[0]:
-                    extend((node,))
-            self._occurrences[ops] = found
+            self._occurrences[ops] = Vocabulary.occurrences(self.graph, ops, self.users)
         return self._occurrences[ops]
 
 
@@ -428,7 +409,11 @@ def _float_reason(
 
 
 def annotation_report(
-    model: GraphModule, quantizer: object | None = None, *, numerics: NumericsReport | None = None
+    model: GraphModule,
+    quantizer: object | None = None,
+    *,
+    numerics: NumericsReport | None = None,
+    vocabulary: Vocabulary | None = None,
 ) -> AnnotationReport:
     """Report every vocabulary node of ``model`` (prepared or annotated) as quantized or float.
 
@@ -441,6 +426,9 @@ def annotation_report(
     one; each row of a node it compared (same name, same op) carries its
     :class:`~quantweave.numerics.OpNumerics`. Raises ``ValueError`` when it compared ops but
     none matches a node of ``model`` (the result of another model).
+
+    ``vocabulary``: the patterns whose ops are listed (default the core vocabulary; a
+    registry's, core and contributed, is ``PluginManager.vocabulary()``).
     """
     from .compose import quantizer_label
 
@@ -448,7 +436,7 @@ def annotation_report(
         raise TypeError(f"annotation_report expects a prepared or annotated GraphModule; got {type(model).__name__}")
     default = None if quantizer is None else quantizer_label(quantizer)
     considered = _Considered(quantizer)
-    ops = reported_ops(considered.capabilities)
+    ops = reported_ops(considered.capabilities, vocabulary)
     graph = _Graph(model)
     reports: list[NodeReport] = []
     for node in model.graph.nodes:

@@ -71,7 +71,7 @@ def save(
     converted (it names the first observer) and for anything that is not a GraphModule
     or an ExportedProgram.
     """
-    from . import __version__
+    from ._modules.version import __version__
 
     if isinstance(model, torch.export.ExportedProgram):
         program = model
@@ -106,7 +106,7 @@ def load(path: str | os.PathLike[str]) -> GraphModule:
     Raises ``FileNotFoundError`` for a missing file and
     :class:`~quantweave.SerializationError` naming the file and what it is otherwise (see
     the module docstring); the file is only read."""
-    from . import __version__
+    from ._modules.version import __version__
 
     source = Path(path)
     check_loadable(source, __version__)

@@ -4,7 +4,7 @@ A quantizer *declares* its capabilities when its class defines ``quantization_ca
 (quantweave's base class returns none and does not count). For one that does not -- a
 vendor's quantizer written against torchao's ``Quantizer``, or a quantweave quantizer that
 never overrides the hook -- :func:`derive_capabilities` runs the conformance kit's probes
-(one small model per vocabulary pattern, :data:`quantweave.testing.conformance.PROBES`)
+(one small model per vocabulary pattern, :data:`quantweave.vocabulary.PROBES`)
 through its ``transform_for_annotation`` and ``annotate``, translates what it wrote
 (torchao's annotation classes are read by their fields, as prepare does) and reads one
 :class:`~quantweave.capabilities.Capability` off every probe whose whole pattern it
@@ -16,7 +16,7 @@ record has ``source="derived"``.
 What a derived record can and cannot say:
 
 * patterns probed behind a quantized conv (pooling, shape ops, cat, lone activations; see
-  :data:`~quantweave.capabilities.PROBE_PRODUCERS`) are derived with ``input_from="any"``:
+  ``PatternSpec.producer`` in :mod:`quantweave.vocabulary`) are derived with ``input_from="any"``:
   the probe shows they are quantized after a quantized producer, not whether they would be
   without one;
 * a quantizer configured for QAT is probed on models exported in training mode (the
@@ -61,11 +61,12 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
-from ..annotation import ANNOTATION_KEY, FixedQParamsQuantizationSpec, QuantizationAnnotation
-from ..capabilities import FLOAT, PROBE_PRODUCERS, Capability, Mode, Quant, TensorQuant, tensor_quant_from_spec
+from ..annotation import ANNOTATION_KEY, FixedQParamsQuantizationSpec
 from ..quantizer import Quantizer
-from .graph import copy_graph_module
+from ..vocabulary import core_vocabulary, export_probe
 from .patterns import chain_of, matches, node_op
+from .probing import activation_inputs, annotate_copy, has_specs, output_found, weight_input
+from .records import FLOAT, Capability, Mode, Quant, TensorQuant, tensor_quant_from_spec
 from .sharing import collect_specs, group_specs
 
 __all__ = [
@@ -172,24 +173,14 @@ def config_key(quantizer: object) -> str | None:
 # -- probes, exported once per process ----------------------------------------------------------
 
 _LOCK = threading.RLock()
-_EXPORTS: dict[tuple[str, bool], tuple[GraphModule, tuple[Any, ...]]] = {}
 _PREFIX = "probe_"
 
 
 def exported_probe(pattern: str, train: bool = False) -> tuple[GraphModule, tuple[Any, ...]]:
-    """The conformance probe of ``pattern`` exported (``torch.export`` then ``.module()``
-    without the guard call), in training mode or not, and its inputs: made once per process;
-    callers copy the graph before annotating it."""
-    key = (pattern, train)
-    with _LOCK:
-        if key not in _EXPORTS:
-            from ..testing.conformance import PROBES
-
-            torch.manual_seed(0)
-            model, inputs = PROBES[pattern]()
-            model.train(train)
-            _EXPORTS[key] = (_unguarded(torch.export.export(model, inputs)), inputs)
-        return _EXPORTS[key]
+    """The core probe of ``pattern`` exported (``torch.export`` then ``.module()`` without
+    the guard call), in training mode or not, and its inputs: exported once per process
+    (:func:`quantweave.vocabulary.export_probe`), each call a copy of its own."""
+    return tuple(core_vocabulary().exported(pattern, train))  # type: ignore[return-value]
 
 
 def _unguarded(program: Any) -> GraphModule:
@@ -227,10 +218,8 @@ def _combined_probes(train: bool) -> tuple[GraphModule, dict[str, str]]:
     the pattern whose probe it feeds."""
     with _LOCK:
         if train not in _COMBINED:
-            from ..capabilities import core_patterns
-
             probes = {}
-            for name, spec in core_patterns().items():
+            for name, spec in core_vocabulary().items():
                 if spec.probe is None or (not train and any("batch_norm" in op for op in spec.ops)):
                     continue  # conv + batch norm patterns are QAT patterns: probed in training mode only
                 torch.manual_seed(0)
@@ -357,11 +346,9 @@ def derive_capabilities(quantizer: object) -> tuple[Capability, ...]:
 def _derive(quantizer: object, train: bool, stats: ProbeStats) -> list[Capability]:
     """Annotate all probes as one graph (one call of the quantizer's hooks); if the quantizer
     raises on it, probe by probe (one failing probe then costs only its own pattern)."""
-    from ..capabilities import core_patterns
-
     vocabulary = {
         name: spec
-        for name, spec in core_patterns().items()
+        for name, spec in core_vocabulary().items()
         if spec.probe is not None and (train or not any("batch_norm" in op for op in spec.ops))
     }
     stats.probes = len(vocabulary)
@@ -397,11 +384,9 @@ def _derive_one_by_one(
 ) -> list[Capability]:
     caps: list[Capability] = []
     for name, spec in vocabulary.items():
-        fresh = (name, train) not in _EXPORTS
         before = time.perf_counter()
-        exported, _ = exported_probe(name, train)
-        if fresh:
-            stats.export_seconds += time.perf_counter() - before
+        exported, _ = export_probe(spec, train)  # exported once per process; a copy of its own
+        stats.export_seconds += time.perf_counter() - before
         try:
             gm = _annotate(quantizer, exported)
             cap = _read(gm, name, spec.ops)
@@ -417,28 +402,10 @@ def _derive_one_by_one(
 
 
 def _annotate(quantizer: Any, exported: GraphModule) -> GraphModule:
-    gm, _ = copy_graph_module(exported)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        gm = quantizer.transform_for_annotation(gm)
-        quantizer.annotate(gm)
-    _translate(gm, quantizer)
-    return gm
-
-
-def _translate(gm: GraphModule, quantizer: object) -> None:
-    """Annotations of torchao's classes -> quantweave's, as prepare does."""
-    from .foreign import translate_annotations
-
+    """A copy of ``exported`` annotated by ``quantizer`` (its warnings silenced), torchao's
+    annotation classes translated to quantweave's, as prepare does."""
     label = getattr(quantizer, "name", None) or type(quantizer).__name__
-    translate_annotations(gm.graph, lambda node: str(label))
-
-
-def _has_specs(node: Node) -> bool:
-    annotation = node.meta.get(ANNOTATION_KEY)
-    return isinstance(annotation, QuantizationAnnotation) and (
-        annotation.output_qspec is not None or any(s is not None for s in annotation.input_qspec_map.values())
-    )
+    return annotate_copy(quantizer, exported, str(label), quiet=True)
 
 
 def _is_fake_quantize(spec: Any) -> bool:
@@ -459,14 +426,12 @@ def _read(
 ) -> Capability | None:
     """The capability the annotations on the probe of ``pattern`` show (None: not supported);
     ``in_probe`` tells the nodes of that probe when ``gm`` holds several."""
-    from ..testing.conformance import _activation_inputs, _output_found, _weight_input
-
     occurrences = [m for m in matches(gm.graph, chain_of(ops)) if in_probe is None or in_probe(m[0])]
     if not occurrences:
         return None
     nodes = occurrences[0]
     anchor, last = nodes[0], nodes[-1]
-    if not _has_specs(anchor) or not all(n.meta.get(ANNOTATION_KEY) is not None for n in nodes):
+    if not has_specs(anchor) or not all(n.meta.get(ANNOTATION_KEY) is not None for n in nodes):
         return None
     specs = collect_specs(gm.graph)
     roots, concrete = group_specs(specs)
@@ -474,12 +439,12 @@ def _read(
     def resolved(key: Any) -> Any:
         return concrete[roots[key]] if key in specs else None
 
-    inputs = _activation_inputs(anchor)
+    inputs = activation_inputs(anchor)
     # what the anchor reads: its input edge's spec, or else its producer's output spec (some
     # vendors, OpenVINO's, quantize a tensor where it is produced, for every reader)
     read = [resolved((p, anchor)) if (p, anchor) in specs else resolved(p) for p in inputs]
     act_spec = next((spec for spec in read if spec is not None), None)
-    weight = _weight_input(anchor)
+    weight = weight_input(anchor)
     weight_spec = resolved((weight, anchor)) if weight is not None else None
     if act_spec is None and weight_spec is None:
         return None
@@ -499,7 +464,7 @@ def _read(
         bias_spec = resolved((bias_node, anchor))
         bias_tq = tensor_quant_from_spec(bias_spec)
         bias = FLOAT if bias_spec is None else Quant.quantized(bias_tq) if bias_tq is not None else None
-    output: Quant | None = _output_found(last, anchor, inputs, specs, roots, resolved)
+    output: Quant | None = output_found(last, anchor, inputs, specs, roots, resolved)
     if isinstance(resolved(last), FixedQParamsQuantizationSpec) and output is not None and output.kind != "fixed":
         output = None
     if mode in (Mode.DYNAMIC, Mode.WEIGHT_ONLY) and output is not None and output.kind not in ("float", "shared"):
@@ -518,7 +483,7 @@ def _read(
         output=output,
         bias=bias,
         fused=fused,
-        input_from="any" if pattern in PROBE_PRODUCERS else None,
+        input_from="any" if core_vocabulary()[pattern].producer else None,
         source=DERIVED,
     )
 

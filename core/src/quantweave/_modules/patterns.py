@@ -16,7 +16,7 @@ convolution. Patterns name the functional ops only.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from torch.fx import Graph, Node
 
@@ -67,17 +67,21 @@ def chain_of(ops: Sequence[str]) -> Chain:
     return tuple(steps)
 
 
-def matches(graph: Graph, chain: Chain) -> list[tuple[Node, ...]]:
+def matches(
+    graph: Graph, chain: Chain, users: Callable[[Node], Iterable[Node]] | None = None
+) -> list[tuple[Node, ...]]:
     """Every occurrence of ``chain`` in ``graph``: node tuples, one node per step, each
     node a user of the one before (a node matches a step by :func:`node_op`: in place or
-    with a string padding, as the op it computes)."""
+    with a string padding, as the op it computes). ``users`` says who reads a node (default
+    its FX users; the annotation report looks through observers)."""
     found: list[tuple[Node, ...]] = []
+    readers = users if users is not None else (lambda node: node.users)
 
     def extend(path: tuple[Node, ...]) -> None:
         if len(path) == len(chain):
             found.append(path)
             return
-        for user in path[-1].users:
+        for user in readers(path[-1]):
             if user.op == "call_function" and node_op(user) in chain[len(path)]:
                 extend((*path, user))
 

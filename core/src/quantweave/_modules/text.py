@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["render_table"]
+__all__ = ["format_db", "json_number", "render_table"]
 
 
 def render_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -20,3 +22,15 @@ def render_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def json_number(value: Any) -> Any:
+    """``value`` as JSON can hold it: a non-finite float as ``"inf"``, ``"-inf"`` or ``"nan"``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "inf" if value > 0 else "-inf" if value < 0 else "nan"
+    return value
+
+
+def format_db(value: float) -> str:
+    """A decibel figure with two decimals (``"inf"`` when infinite)."""
+    return "inf" if value == math.inf else f"{value:.2f}"

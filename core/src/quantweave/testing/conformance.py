@@ -35,45 +35,30 @@ from __future__ import annotations
 import itertools
 import operator
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 from torch.fx import GraphModule, Node
 
-from .._modules.foreign import translate_annotations
-from .._modules.graph import copy_graph_module, get_attr_value
+from .._modules.graph import get_attr_value
 from .._modules.patterns import Chain, chain_of, matches, node_op
+from .._modules.probing import activation_inputs, annotate_copy, has_specs, output_found, weight_input
 from .._modules.sharing import collect_specs, group_specs
-from ..annotation import (
-    ANNOTATED_BY_KEY,
-    ANNOTATION_KEY,
-    FixedQParamsQuantizationSpec,
-    QuantizationAnnotation,
-    is_annotated,
-)
-from ..capabilities import (
-    FLOAT,
-    Capability,
-    Mode,
-    PatternSpec,
-    Quant,
-    TensorQuant,
-    capability_sort_key,
-    core_patterns,
-    tensor_quant_from_spec,
-)
+from ..annotation import ANNOTATED_BY_KEY, is_annotated
+from ..capabilities import Capability, Mode, Quant, TensorQuant, capability_sort_key, tensor_quant_from_spec
 from ..compose import CapabilityRow, ComposableQuantizer, quantizer_label
 from ..convert import convert_pt2e
 from ..observers import is_fake_quant_module
 from ..plugin_api import QuantizerInfo
 from ..prepare import prepare_pt2e, prepare_qat_pt2e
+from ..vocabulary import PROBES, PatternSpec, Vocabulary, core_vocabulary, export_probe, sweep_probe
+from ..vocabulary.spec import ExportedProbe
 
 __all__ = [
     "PROBES",
+    "Vocabulary",
     "ConformanceFailure",
     "assert_conforms",
     "assert_plugin_conforms",
@@ -84,191 +69,10 @@ __all__ = [
     "check_plugin",
 ]
 
-#: Extra vocabulary: patterns plugins contribute, by name (see ``check_plugin``).
-Vocabulary = Mapping[str, PatternSpec]
-
-
-class _Probe(nn.Module):
-    def __init__(self, forward: Callable[..., torch.Tensor], **modules: nn.Module) -> None:
-        super().__init__()
-        for name, module in modules.items():
-            self.add_module(name, module)
-        self._forward = forward
-
-    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        return self._forward(self, *inputs)
-
-
-def _img(c: int = 3, s: int = 12) -> torch.Tensor:
-    return torch.randn(1, c, s, s)
-
-
-def _conv_then(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]:
-    return lambda: (_Probe(lambda m, x: fn(m.conv(x)), conv=nn.Conv2d(3, 8, 3)), (_img(),))
-
-
-def _conv_bn_then(
-    fn: Callable[[torch.Tensor], torch.Tensor],
-) -> Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]:
-    return lambda: (
-        _Probe(lambda m, x: fn(m.bn(m.conv(x))), conv=nn.Conv2d(3, 8, 3), bn=nn.BatchNorm2d(8)),
-        (_img(),),
-    )
-
-
-def _linear_then(
-    fn: Callable[[torch.Tensor], torch.Tensor],
-) -> Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]:
-    return lambda: (_Probe(lambda m, x: fn(m.fc(x)), fc=nn.Linear(16, 8)), (torch.randn(2, 16),))
-
-
-def _cat_then(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]:
-    return lambda: (
-        _Probe(
-            lambda m, x: fn(torch.cat([m.conv1(x), m.conv2(x)], 1)), conv1=nn.Conv2d(3, 4, 3), conv2=nn.Conv2d(3, 4, 3)
-        ),
-        (_img(),),
-    )
-
-
-def _identity(x: torch.Tensor) -> torch.Tensor:
-    return x
-
-
-ProbeFactory = Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]
-
-#: pattern -> factory of (probe model, example inputs); one per vocabulary pattern.
-PROBES: dict[str, ProbeFactory] = {
-    "conv1d": lambda: (_Probe(lambda m, x: m.conv(x), conv=nn.Conv1d(4, 8, 3)), (torch.randn(1, 4, 16),)),
-    "conv1d_relu": lambda: (_Probe(lambda m, x: F.relu(m.conv(x)), conv=nn.Conv1d(4, 8, 3)), (torch.randn(1, 4, 16),)),
-    "conv2d": _conv_then(_identity),
-    "conv2d_relu": _conv_then(F.relu),
-    "conv2d_hardtanh": _conv_then(F.hardtanh),
-    "conv2d_relu6": _conv_then(F.relu6),
-    "conv2d_hardswish": _conv_then(F.hardswish),
-    "conv2d_silu": _conv_then(F.silu),
-    "conv2d_add": lambda: (
-        _Probe(lambda m, x, y: m.conv(x) + y, conv=nn.Conv2d(3, 8, 3)),
-        (_img(), torch.randn(1, 8, 10, 10)),
-    ),
-    "conv2d_add_relu": lambda: (
-        _Probe(lambda m, x, y: F.relu(m.conv(x) + y), conv=nn.Conv2d(3, 8, 3)),
-        (_img(), torch.randn(1, 8, 10, 10)),
-    ),
-    "conv2d_bn": _conv_bn_then(_identity),
-    "conv2d_bn_relu": _conv_bn_then(F.relu),
-    "conv2d_bn_hardtanh": _conv_bn_then(F.hardtanh),
-    "conv2d_bn_relu6": _conv_bn_then(F.relu6),
-    "conv2d_bn_hardswish": _conv_bn_then(F.hardswish),
-    "conv2d_bn_silu": _conv_bn_then(F.silu),
-    "conv2d_bn_add": lambda: (
-        _Probe(lambda m, x, y: m.bn(m.conv(x)) + y, conv=nn.Conv2d(3, 8, 3), bn=nn.BatchNorm2d(8)),
-        (_img(), torch.randn(1, 8, 10, 10)),
-    ),
-    "conv2d_bn_add_relu": lambda: (
-        _Probe(lambda m, x, y: F.relu(m.bn(m.conv(x)) + y), conv=nn.Conv2d(3, 8, 3), bn=nn.BatchNorm2d(8)),
-        (_img(), torch.randn(1, 8, 10, 10)),
-    ),
-    "conv_transpose2d": lambda: (_Probe(lambda m, x: m.conv(x), conv=nn.ConvTranspose2d(3, 8, 3)), (_img(),)),
-    "conv_transpose2d_relu": lambda: (
-        _Probe(lambda m, x: F.relu(m.conv(x)), conv=nn.ConvTranspose2d(3, 8, 3)),
-        (_img(),),
-    ),
-    "conv_transpose2d_bn": lambda: (
-        _Probe(lambda m, x: m.bn(m.conv(x)), conv=nn.ConvTranspose2d(3, 8, 3), bn=nn.BatchNorm2d(8)),
-        (_img(),),
-    ),
-    "conv_transpose2d_bn_relu": lambda: (
-        _Probe(lambda m, x: F.relu(m.bn(m.conv(x))), conv=nn.ConvTranspose2d(3, 8, 3), bn=nn.BatchNorm2d(8)),
-        (_img(),),
-    ),
-    "linear": _linear_then(_identity),
-    "linear_relu": _linear_then(F.relu),
-    "linear_leaky_relu": _linear_then(F.leaky_relu),
-    "linear_tanh": _linear_then(torch.tanh),
-    "linear_gelu": _linear_then(F.gelu),
-    "linear_add": lambda: (
-        _Probe(lambda m, x, y: m.fc(x) + y, fc=nn.Linear(16, 8)),
-        (torch.randn(2, 16), torch.randn(2, 8)),
-    ),
-    "linear_add_relu": lambda: (
-        _Probe(lambda m, x, y: F.relu(m.fc(x) + y), fc=nn.Linear(16, 8)),
-        (torch.randn(2, 16), torch.randn(2, 8)),
-    ),
-    "matmul": lambda: (_Probe(lambda m, x, y: torch.matmul(x, y)), (torch.randn(2, 4, 8), torch.randn(2, 8, 4))),
-    "add": lambda: (_Probe(lambda m, x, y: x + y), (torch.randn(2, 8), torch.randn(2, 8))),
-    "add_relu": lambda: (_Probe(lambda m, x, y: F.relu(x + y)), (torch.randn(2, 8), torch.randn(2, 8))),
-    "mul": lambda: (_Probe(lambda m, x, y: x * y), (torch.randn(2, 8), torch.randn(2, 8))),
-    "mul_relu": lambda: (_Probe(lambda m, x, y: F.relu(x * y)), (torch.randn(2, 8), torch.randn(2, 8))),
-    # cat and flatten take quantized producers (and flatten a quantized consumer): backends
-    # that only propagate quantization through these ops (x86) annotate them only then
-    "cat": lambda: (
-        _Probe(lambda m, x: torch.cat([m.conv1(x), m.conv2(x)], 1), conv1=nn.Conv2d(3, 4, 3), conv2=nn.Conv2d(3, 4, 3)),
-        (_img(),),
-    ),
-    "max_pool2d": _conv_then(lambda t: F.max_pool2d(t, 2)),
-    "avg_pool2d": _conv_then(lambda t: F.avg_pool2d(t, 2)),
-    "adaptive_avg_pool2d": _conv_then(lambda t: F.adaptive_avg_pool2d(t, 1)),
-    "flatten": lambda: (
-        _Probe(lambda m, x: m.fc(torch.flatten(m.conv(x), 1)), conv=nn.Conv2d(3, 2, 3), fc=nn.Linear(200, 4)),
-        (_img(),),
-    ),
-    # shape and reduction ops take a conv's output: backends annotate them to share their
-    # input's qparams only when that input is quantized
-    "mean": _conv_then(lambda t: t.mean((2, 3), keepdim=True)),
-    "permute": _conv_then(lambda t: t.permute(0, 2, 3, 1)),
-    "transpose": _conv_then(lambda t: t.transpose(1, 2)),
-    "view": _conv_then(lambda t: t.view(1, -1)),
-    "reshape": _conv_then(lambda t: t.reshape(1, -1)),
-    "squeeze": _conv_then(lambda t: t.squeeze(0)),
-    "slice": _conv_then(lambda t: t[:, :4]),
-    "dropout": lambda: (
-        _Probe(lambda m, x: m.drop(m.conv(x)), conv=nn.Conv2d(3, 8, 3), drop=nn.Dropout(0.25)),
-        (_img(),),
-    ),
-    # activations on their own take a cat of two convs: quantized by any backend that
-    # quantizes cat, fused into it by none (quantizers that quantize relu only after a
-    # quantized producer, input_from "any", annotate them here)
-    "relu": _cat_then(F.relu),
-    "hardtanh": _cat_then(F.hardtanh),
-    "relu6": _cat_then(F.relu6),
-    "sigmoid": lambda: (_Probe(lambda m, x: torch.sigmoid(x)), (torch.randn(2, 8),)),
-    "softmax": lambda: (_Probe(lambda m, x: torch.softmax(x, -1)), (torch.randn(2, 8),)),
-    # rows of 128 split into the groups (32, 64, 128) group-wise embedding quantizers use
-    "embedding": lambda: (_Probe(lambda m, t: m.emb(t), emb=nn.Embedding(16, 128)), (torch.tensor([[1, 2, 3]]),)),
-}
-
-
-class _Sweep(nn.Module):
-    """Many vocabulary ops in one graph, so that what a quantizer annotates where ops meet
-    (not only on one-pattern probes) is held against its declaration."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
-        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
-        self.conv3 = nn.Conv2d(8, 8, 3, padding=1, groups=8)
-        self.bn = nn.BatchNorm2d(8)
-        self.up = nn.ConvTranspose2d(8, 4, 2, stride=2)
-        self.fc1 = nn.Linear(8, 16)
-        self.fc2 = nn.Linear(16, 8)
-        self.norm = nn.LayerNorm(8)
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        a = F.relu(self.bn(self.conv1(x)))
-        b = F.max_pool2d(a, 2)
-        c = F.hardtanh(self.conv2(b)) + b
-        d = torch.cat([F.relu6(self.conv3(c)), c * torch.sigmoid(c)], 1)
-        e = F.adaptive_avg_pool2d(d[:, :8], 1).flatten(1)
-        f = F.gelu(self.fc1(self.norm(e)))
-        g = torch.softmax(self.fc2(f) + y, -1)
-        h = F.avg_pool2d(self.up(b), 2).mean((2, 3)).reshape(1, -1).permute(1, 0)
-        return g, torch.matmul(g.transpose(0, 1), g), h.view(-1), F.silu(c).squeeze(0)
-
-
-def sweep_probe() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """The vocabulary sweep model and its example inputs."""
-    return _Sweep(), (torch.randn(1, 3, 12, 12), torch.randn(1, 8))
+#: Patterns a plugin contributes, by name (a :class:`~quantweave.vocabulary.Vocabulary` or a
+#: plain mapping; see ``check_plugin``); the probes (:data:`PROBES`, :func:`sweep_probe`) and
+#: :class:`~quantweave.vocabulary.Vocabulary` live in :mod:`quantweave.vocabulary` (re-exported).
+Patterns = Mapping[str, PatternSpec]
 
 
 @dataclass(frozen=True)
@@ -286,64 +90,28 @@ class ConformanceFailure:
         return f"{who} [{self.pattern}, {self.mode}]: {self.message}"
 
 
-def _op_name(node: Node) -> str:
-    """The vocabulary op of ``node``: an in-place op as its functional op, a conv with a
-    string padding as the conv (see ``quantweave.capabilities.vocabulary_op``)."""
-    return node_op(node)
+_op_name = node_op  # the vocabulary op of a node (in place or string padding: the op it computes)
+_activation_inputs = activation_inputs
+_weight_input = weight_input
+_output_found = output_found
 
 
 def _annotated_nodes(gm: GraphModule) -> list[Node]:
-    out = []
-    for node in gm.graph.nodes:
-        ann = node.meta.get(ANNOTATION_KEY)
-        if isinstance(ann, QuantizationAnnotation) and (
-            ann.output_qspec is not None or any(s is not None for s in ann.input_qspec_map.values())
-        ):
-            out.append(node)
-    return out
+    return [node for node in gm.graph.nodes if has_specs(node)]
 
 
-def _vocabulary(patterns: Vocabulary | None) -> dict[str, PatternSpec]:
-    return {**core_patterns(), **(patterns or {})}
+def _vocabulary(patterns: Patterns | None) -> Vocabulary:
+    return core_vocabulary().with_patterns(patterns)
 
 
-def _export(
-    pattern: str, mode: Mode, vocabulary: Mapping[str, PatternSpec]
-) -> tuple[nn.Module, tuple[torch.Tensor, ...], GraphModule]:
-    torch.manual_seed(0)
-    probe = vocabulary[pattern].probe
-    assert probe is not None
-    model, inputs = probe()
-    model.train(mode is Mode.QAT)
-    return model, inputs, torch.export.export(model, inputs).module()
+def _export(pattern: str, mode: Mode, vocabulary: Vocabulary) -> ExportedProbe:
+    """The probe of ``pattern`` exported for ``mode`` (exported once per process; a copy)."""
+    return vocabulary.exported(pattern, mode is Mode.QAT)
 
 
 def _annotate(quantizer: Any, exported: GraphModule) -> GraphModule:
-    gm, _ = copy_graph_module(exported)
-    gm = quantizer.transform_for_annotation(gm)
-    quantizer.annotate(gm)
-    translate_annotations(gm.graph, lambda node: quantizer_label(quantizer))  # a hosted (torchao) quantizer's
-    return gm
-
-
-def _activation_inputs(node: Node) -> list[Node]:
-    target = _op_name(node)
-    if target == "aten.embedding.default":
-        return []
-    if target == "aten.cat.default":
-        return [a for a in node.args[0] if isinstance(a, Node)]  # type: ignore[union-attr]
-    if target in ("aten.add.Tensor", "aten.mul.Tensor", "aten.matmul.default"):
-        return [a for a in node.args[:2] if isinstance(a, Node)]
-    return [node.args[0]] if isinstance(node.args[0], Node) else []
-
-
-def _weight_input(node: Node) -> Node | None:
-    target = _op_name(node)
-    index = 0 if target == "aten.embedding.default" else 1
-    if target.startswith(("aten.conv", "aten.linear", "aten.embedding")) and len(node.args) > index:
-        arg = node.args[index]
-        return arg if isinstance(arg, Node) else None
-    return None
+    # a hosted (torchao) quantizer's annotations are translated, claims by its label
+    return annotate_copy(quantizer, exported, quantizer_label(quantizer))
 
 
 def _describe(tq: TensorQuant | None) -> str:
@@ -428,22 +196,6 @@ def _check_annotations(gm: GraphModule, cap: Capability, chain: Chain) -> list[s
                     f"{a.name!r} -> {b.name!r} inside it is quantized"
                 )
     return problems
-
-
-def _output_found(
-    last: Node, anchor: Node, inputs: list[Node], specs: Mapping[Any, Any], roots: Mapping[Any, Any], resolved: Any
-) -> Quant:
-    """What the annotations do to the output of ``last``, as a :class:`Quant`."""
-    spec = resolved(last)
-    tensor = tensor_quant_from_spec(spec)
-    if spec is None or tensor is None:
-        return FLOAT
-    for i, producer in enumerate(inputs):
-        if (producer, anchor) in specs and roots[(producer, anchor)] == roots[last]:
-            return Quant.shared(i)
-    if isinstance(spec, FixedQParamsQuantizationSpec):
-        return Quant.fixed(spec.scale, spec.zero_point, tensor)
-    return Quant.quantized(tensor)
 
 
 def _output_conforms(declared: Quant, found: Quant) -> bool:
@@ -604,7 +356,7 @@ class _BuildError(Exception):
 
 
 def check_capability(
-    info: QuantizerInfo, cap: Capability, plugin: str = "", patterns: Vocabulary | None = None
+    info: QuantizerInfo, cap: Capability, plugin: str = "", patterns: Patterns | None = None
 ) -> list[ConformanceFailure]:
     """Check one declared capability of ``info``; returns the failures (empty: conforms).
 
@@ -625,7 +377,7 @@ def check_capability(
     except _BuildError as exc:
         return [fail(str(exc))]
     try:
-        _, inputs, exported = _export(cap.pattern, cap.mode, vocabulary)
+        exported, inputs = _export(cap.pattern, cap.mode, vocabulary)
         annotated = _annotate(quantizer, exported)
     except Exception as exc:
         return [fail(f"annotating the probe raised {type(exc).__name__}: {exc}")]
@@ -652,7 +404,7 @@ def check_capability(
     return failures
 
 
-def _chains(info: QuantizerInfo, mode: Mode, vocabulary: Mapping[str, PatternSpec]) -> list[Chain]:
+def _chains(info: QuantizerInfo, mode: Mode, vocabulary: Vocabulary) -> list[Chain]:
     """The op chains of every pattern ``info`` declares in ``mode``."""
     chains = []
     for c in info.capabilities:
@@ -705,7 +457,7 @@ def check_declaration_channels(info: QuantizerInfo, plugin: str = "") -> list[Co
 
 
 def check_conformance(
-    info: QuantizerInfo, plugin: str = "", patterns: Vocabulary | None = None
+    info: QuantizerInfo, plugin: str = "", patterns: Patterns | None = None
 ) -> list[ConformanceFailure]:
     """Check every declared capability, that both declaration channels agree, and that
     undeclared patterns are left alone (every probe of the vocabulary is tried)."""
@@ -723,15 +475,13 @@ def check_conformance(
             quantizer = _build(info, mode)
         except _BuildError:
             continue  # reported above
-        probes = [(p, vocabulary[p].probe) for p in sorted(vocabulary) if (p, mode) not in declared]
-        for pattern, probe in [*probes, ("<sweep>", sweep_probe)]:
-            if probe is None:
+        probes = [vocabulary[p] for p in sorted(vocabulary) if (p, mode) not in declared]
+        for spec in [*probes, PatternSpec("sweep", "the vocabulary sweep", ("aten.conv2d.default",), sweep_probe)]:
+            if spec.probe is None:
                 continue
+            pattern = "<sweep>" if spec.probe is sweep_probe else spec.name
             try:
-                torch.manual_seed(0)
-                model, example = probe()
-                model.train(mode is Mode.QAT)
-                annotated = _annotate(quantizer, torch.export.export(model, example).module())
+                annotated = _annotate(quantizer, export_probe(spec, mode is Mode.QAT).graph_module)
             except Exception as exc:
                 failures.append(ConformanceFailure(plugin, info.name, pattern, mode.value, f"annotate raised {exc!r}"))
                 continue
@@ -764,7 +514,7 @@ def assert_plugin_conforms(plugin: object, name: str = "plugin") -> None:
     _raise_failures(check_plugin(plugin, name))
 
 
-def check_composition(composed: ComposableQuantizer, patterns: Vocabulary | None = None) -> list[ConformanceFailure]:
+def check_composition(composed: ComposableQuantizer, patterns: Patterns | None = None) -> list[ConformanceFailure]:
     """Hold ``composed.capability_table()`` against what the members really annotate: for
     every row, the composed quantizer annotates the pattern's probe, and the member that
     claimed each op of the pattern must be the one the table names (``served_as``). A member
@@ -772,7 +522,7 @@ def check_composition(composed: ComposableQuantizer, patterns: Vocabulary | None
     vocabulary = _vocabulary(patterns)
     claim_labels = _claim_labels(composed)
     failures: list[ConformanceFailure] = []
-    for row in composed.capability_table():
+    for row in composed.capability_table(vocabulary):
 
         def fail(message: str, row: CapabilityRow = row) -> None:
             failures.append(ConformanceFailure("", composed.name, row.pattern, row.mode.value, message))
@@ -782,10 +532,7 @@ def check_composition(composed: ComposableQuantizer, patterns: Vocabulary | None
             fail("no probe for this pattern: the row cannot be checked")
             continue
         try:
-            torch.manual_seed(0)
-            model, inputs = spec.probe()
-            model.train(row.mode is Mode.QAT)
-            annotated = _annotate(composed, torch.export.export(model, inputs).module())
+            annotated = _annotate(composed, vocabulary.exported(row.pattern, row.mode is Mode.QAT).graph_module)
         except Exception as exc:
             fail(f"annotating the probe raised {type(exc).__name__}: {exc}")
             continue
@@ -825,7 +572,7 @@ def capability_cases(info: QuantizerInfo) -> list[Any]:
     return [pytest.param(cap, id=f"{info.name}-{cap.pattern}-{cap.mode.value}") for cap in info.capabilities]
 
 
-def assert_conforms(info: QuantizerInfo, plugin: str = "", patterns: Vocabulary | None = None) -> None:
+def assert_conforms(info: QuantizerInfo, plugin: str = "", patterns: Patterns | None = None) -> None:
     """Raise ``AssertionError`` listing every failure of :func:`check_conformance`."""
     _raise_failures(check_conformance(info, plugin, patterns))
 

@@ -1,0 +1,79 @@
+"""Running a quantizer on a probe and reading what it annotated: shared by the conformance kit
+(``quantweave.testing.conformance``) and the derivation of capabilities by probing
+(:mod:`quantweave._modules.derive`)."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from torch.fx import GraphModule, Node
+
+from ..annotation import ANNOTATION_KEY, FixedQParamsQuantizationSpec, QuantizationAnnotation
+from .foreign import translate_annotations
+from .graph import copy_graph_module
+from .patterns import node_op
+from .records import FLOAT, Quant, tensor_quant_from_spec
+
+__all__ = ["activation_inputs", "annotate_copy", "has_specs", "output_found", "weight_input"]
+
+
+def annotate_copy(quantizer: Any, exported: GraphModule, label: str, quiet: bool = False) -> GraphModule:
+    """A copy of ``exported`` run through ``quantizer.transform_for_annotation`` and
+    ``annotate``, torchao-class annotations translated to quantweave's (claims by ``label``);
+    ``quiet`` silences the quantizer's warnings."""
+    gm, _ = copy_graph_module(exported)
+    with warnings.catch_warnings():
+        if quiet:
+            warnings.simplefilter("ignore")
+        gm = quantizer.transform_for_annotation(gm)
+        quantizer.annotate(gm)
+    translate_annotations(gm.graph, lambda node: label)
+    return gm
+
+
+def has_specs(node: Node) -> bool:
+    """True when ``node`` carries a quantization annotation with some spec."""
+    annotation = node.meta.get(ANNOTATION_KEY)
+    return isinstance(annotation, QuantizationAnnotation) and (
+        annotation.output_qspec is not None or any(s is not None for s in annotation.input_qspec_map.values())
+    )
+
+
+def activation_inputs(node: Node) -> list[Node]:
+    """The activation inputs of a vocabulary op (none for embedding; every tensor of a cat)."""
+    target = node_op(node)
+    if target == "aten.embedding.default":
+        return []
+    if target == "aten.cat.default":
+        return [a for a in node.args[0] if isinstance(a, Node)]  # type: ignore[union-attr]
+    if target in ("aten.add.Tensor", "aten.mul.Tensor", "aten.matmul.default"):
+        return [a for a in node.args[:2] if isinstance(a, Node)]
+    return [node.args[0]] if isinstance(node.args[0], Node) else []
+
+
+def weight_input(node: Node) -> Node | None:
+    """The weight input of a conv, linear or embedding (None for other ops)."""
+    target = node_op(node)
+    index = 0 if target == "aten.embedding.default" else 1
+    if target.startswith(("aten.conv", "aten.linear", "aten.embedding")) and len(node.args) > index:
+        arg = node.args[index]
+        return arg if isinstance(arg, Node) else None
+    return None
+
+
+def output_found(
+    last: Node, anchor: Node, inputs: list[Node], specs: Mapping[Any, Any], roots: Mapping[Any, Any], resolved: Any
+) -> Quant:
+    """What the annotations do to the output of ``last``, as a :class:`Quant`."""
+    spec = resolved(last)
+    tensor = tensor_quant_from_spec(spec)
+    if spec is None or tensor is None:
+        return FLOAT
+    for i, producer in enumerate(inputs):
+        if (producer, anchor) in specs and roots[(producer, anchor)] == roots[last]:
+            return Quant.shared(i)
+    if isinstance(spec, FixedQParamsQuantizationSpec):
+        return Quant.fixed(spec.scale, spec.zero_point, tensor)
+    return Quant.quantized(tensor)
