@@ -33,6 +33,7 @@ import torch
 from torch.fx import GraphModule
 
 from ._modules.batch_guard import BatchGuard
+from ._modules.observer_calls import observer_calls
 from .observers import (
     DerivedObserver,
     FakeQuantizeBase,
@@ -41,7 +42,6 @@ from .observers import (
     PlaceholderObserver,
     is_calibrated,
     is_fake_quant_module,
-    is_observer_module,
 )
 
 __all__ = ["CalibrationResult", "ProgressCallback", "calibrate"]
@@ -89,11 +89,8 @@ def _observers(model: GraphModule) -> dict[str, torch.nn.Module]:
     for prefix, gm in model.named_modules():
         if not isinstance(gm, GraphModule):
             continue
-        for node in gm.graph.nodes:
-            if node.op == "call_module":
-                module = gm.get_submodule(str(node.target))
-                if is_observer_module(module):
-                    found[f"{prefix}.{node.target}" if prefix else str(node.target)] = module
+        for node, module in observer_calls(gm):
+            found[f"{prefix}.{node.target}" if prefix else str(node.target)] = module
     return found
 
 

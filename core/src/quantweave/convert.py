@@ -44,6 +44,7 @@ from ._modules.graph import (
     set_attr_value,
 )
 from ._modules.misuse import warn_no_observers
+from ._modules.observer_calls import observer_calls
 from ._modules.per_token import PER_TOKEN_ATTR
 from ._modules.prepare_rules import map_subgraphs
 from ._modules.qat_conv_bn import fold_simulated_conv_bn
@@ -143,7 +144,7 @@ def convert_pt2e(
         warn=False,
     )
     fold_simulated_conv_bn(gm)
-    observer_nodes = [n for n in gm.graph.nodes if n.op == "call_module" and _is_observer(gm, n)]
+    observer_nodes = [node for node, _ in observer_calls(gm, _is_observer)]
     if not observer_nodes:
         warn_no_observers(gm)
     before = set(gm.graph.nodes)
@@ -184,8 +185,7 @@ def convert_pt2e(
     return disallow_eval_train(rebuild(gm))
 
 
-def _is_observer(gm: GraphModule, node: Node) -> bool:
-    module = gm.get_submodule(str(node.target))
+def _is_observer(module: torch.nn.Module) -> bool:
     return is_observer_module(module) or convert_hook(module) is not None
 
 

@@ -46,6 +46,7 @@ from torch.fx import GraphModule
 
 from ._modules.collectives import LocalGroup, TorchGroup, group_for
 from ._modules.graph import check_graph_module
+from ._modules.observer_calls import observer_calls
 from ._modules.torch_compat import HistogramObserver as TorchHistogramObserver
 from ._modules.torch_compat import rebin_histogram
 from .errors import DistributedSyncError
@@ -60,7 +61,6 @@ from .observers import (
     MovingAveragePerChannelMinMaxObserver,
     PerChannelMinMaxObserver,
     PlaceholderObserver,
-    is_observer_module,
 )
 
 __all__ = ["DistributedSyncError", "SyncSummary", "range_pass", "sync_observers"]
@@ -89,7 +89,6 @@ MERGEABLE: tuple[tuple[type[torch.nn.Module], str], ...] = (
     (HistogramObserver, HISTOGRAM),
     (TorchHistogramObserver, HISTOGRAM),
 )
-_EXACT_KINDS = (MINMAX, PER_CHANNEL, HISTOGRAM)
 _MOVING = (MOVING_AVERAGE, MOVING_AVERAGE_PER_CHANNEL)
 _INF = float("inf")
 
@@ -151,12 +150,7 @@ def _qualname(obj: object) -> str:
 def _observers(gm: GraphModule) -> dict[str, tuple[torch.nn.Module, tuple[str, ...]]]:
     """Observer submodules reached from the graph (name -> module, observed node names)."""
     found: dict[str, tuple[torch.nn.Module, list[str]]] = {}
-    for node in gm.graph.nodes:
-        if node.op != "call_module":
-            continue
-        module = gm.get_submodule(str(node.target))
-        if not is_observer_module(module):
-            continue
+    for node, module in observer_calls(gm):
         source = node.args[0] if node.args else None
         entry = found.setdefault(str(node.target), (module, []))
         entry[1].append(getattr(source, "name", str(source)))
@@ -359,7 +353,7 @@ def _min_payload(entries: list[_Entry], modules: dict[str, torch.nn.Module]) -> 
     """[min, -max] of every min/max and histogram observer (inf where no data here)."""
     parts: list[torch.Tensor] = []
     for entry in entries:
-        if entry.kind not in _EXACT_KINDS or entry.shape is None:
+        if entry.shape is None or not _merger(entry).exact:
             continue
         state = _inner(modules[entry.name])
         n = _width(entry)
@@ -374,7 +368,7 @@ def _global_ranges(entries: list[_Entry], reduced: torch.Tensor) -> dict[str, tu
     ranges: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     offset = 0
     for entry in entries:
-        if entry.kind not in _EXACT_KINDS or entry.shape is None:
+        if entry.shape is None or not _merger(entry).exact:
             continue
         n = _width(entry)
         lo = reduced[offset : offset + n].reshape(entry.shape)
@@ -397,32 +391,11 @@ def _sum_payload(
     parts: list[torch.Tensor] = []
     try:
         for entry in entries:
-            if entry.shape is None or entry.kind not in (*_MOVING, HISTOGRAM):
+            if entry.shape is None or not _merger(entry).sum_width(entry):
                 continue
             module = modules[entry.name]
-            state = _inner(module)
             has_data = _state_shape(module, entry.kind) is not None
-            if entry.kind in _MOVING:
-                n = _width(entry)
-                if has_data:
-                    parts += [_flat(state.min_val), _flat(state.max_val), torch.ones(1, dtype=torch.float64)]
-                else:
-                    parts.append(torch.zeros(2 * n + 1, dtype=torch.float64))
-                continue
-            bins = int(state.bins)
-            if not has_data:
-                parts.append(torch.zeros(bins + 1, dtype=torch.float64))
-                continue
-            lo, hi = ranges[entry.name]
-            histogram = state.histogram.detach()
-            same = bool(state.min_val == lo.to(state.min_val.dtype)) and bool(
-                state.max_val == hi.to(state.max_val.dtype)
-            )
-            if not same:
-                new_lo = lo.to(dtype=state.min_val.dtype, device=state.min_val.device).reshape(state.min_val.shape)
-                new_hi = hi.to(dtype=state.max_val.dtype, device=state.max_val.device).reshape(state.max_val.shape)
-                histogram = rebin_histogram(state, histogram, state.min_val, state.max_val, new_lo, new_hi)
-            parts += [_flat(histogram), torch.tensor([0.0 if same else 1.0], dtype=torch.float64)]
+            parts += _merger(entry).sum_part(entry, _inner(module), has_data, ranges.get(entry.name))
     except Exception as error:  # tell the other ranks instead of leaving them waiting
         flags[comm.rank] = 1.0
         total = sum(_sum_width(e) for e in entries)
@@ -431,13 +404,7 @@ def _sum_payload(
 
 
 def _sum_width(entry: _Entry) -> int:
-    if entry.shape is None:
-        return 0
-    if entry.kind in _MOVING:
-        return 2 * _width(entry) + 1
-    if entry.kind == HISTOGRAM:
-        return int(dict(entry.config)["bins"]) + 1
-    return 0
+    return 0 if entry.shape is None else _merger(entry).sum_width(entry)
 
 
 @dataclasses.dataclass
@@ -459,6 +426,115 @@ def _write(state: torch.nn.Module, new: _NewState) -> None:
         buffer = getattr(state, attr)
         buffer.resize_(value.shape)
         buffer.copy_(value)
+
+
+# -- merging, one strategy per observer kind -----------------------------------------------------
+
+
+class _Merger:
+    """How observers of one kind merge across ranks. ``exact`` kinds take part in the
+    all-reduce min of [min, -max]; a kind sends ``sum_width`` numbers to the all-reduce sum
+    (``sum_part``: its numbers, zeros without data here) and builds its new state from the
+    global range and its summed chunk (``merged``; the note says what was done to it)."""
+
+    exact = True
+
+    def sum_width(self, entry: _Entry) -> int:
+        return 0
+
+    def sum_part(
+        self, entry: _Entry, state: Any, has_data: bool, global_range: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> list[torch.Tensor]:
+        return []
+
+    def merged(
+        self,
+        entry: _Entry,
+        module: torch.nn.Module,
+        global_range: tuple[torch.Tensor, torch.Tensor] | None,
+        chunk: torch.Tensor,
+    ) -> tuple[_NewState, str | None]:
+        raise NotImplementedError
+
+
+class _MinMaxMerger(_Merger):
+    """Min/max (per tensor or per channel): the global min and max, exactly."""
+
+    def merged(self, entry, module, global_range, chunk):  # type: ignore[no-untyped-def]
+        state = _inner(module)
+        assert global_range is not None
+        lo, hi = global_range
+        return _NewState(module, lo.to(state.min_val.dtype), hi.to(state.max_val.dtype)), None
+
+
+class _MovingAverageMerger(_Merger):
+    """Moving averages: the mean over the ranks that saw data of their min and max."""
+
+    exact = False
+
+    def sum_width(self, entry: _Entry) -> int:
+        return 2 * _width(entry) + 1
+
+    def sum_part(self, entry, state, has_data, global_range):  # type: ignore[no-untyped-def]
+        if not has_data:
+            return [torch.zeros(self.sum_width(entry), dtype=torch.float64)]
+        return [_flat(state.min_val), _flat(state.max_val), torch.ones(1, dtype=torch.float64)]
+
+    def merged(self, entry, module, global_range, chunk):  # type: ignore[no-untyped-def]
+        state = _inner(module)
+        n = _width(entry)
+        count = chunk[-1]
+        lo = (chunk[:n] / count).reshape(entry.shape)
+        hi = (chunk[n : 2 * n] / count).reshape(entry.shape)
+        return _NewState(module, lo.to(state.min_val.dtype), hi.to(state.max_val.dtype)), "averaged"
+
+
+class _HistogramMerger(_Merger):
+    """Histograms: each rank's histogram re-binned onto the global range, then summed."""
+
+    def sum_width(self, entry: _Entry) -> int:
+        return int(dict(entry.config)["bins"]) + 1
+
+    def sum_part(self, entry, state, has_data, global_range):  # type: ignore[no-untyped-def]
+        bins = int(state.bins)
+        if not has_data:
+            return [torch.zeros(bins + 1, dtype=torch.float64)]
+        assert global_range is not None
+        lo, hi = global_range
+        histogram = state.histogram.detach()
+        same = bool(state.min_val == lo.to(state.min_val.dtype)) and bool(state.max_val == hi.to(state.max_val.dtype))
+        if not same:
+            new_lo = lo.to(dtype=state.min_val.dtype, device=state.min_val.device).reshape(state.min_val.shape)
+            new_hi = hi.to(dtype=state.max_val.dtype, device=state.max_val.device).reshape(state.max_val.shape)
+            histogram = rebin_histogram(state, histogram, state.min_val, state.max_val, new_lo, new_hi)
+        return [_flat(histogram), torch.tensor([0.0 if same else 1.0], dtype=torch.float64)]
+
+    def merged(self, entry, module, global_range, chunk):  # type: ignore[no-untyped-def]
+        state = _inner(module)
+        bins = int(state.bins)
+        assert global_range is not None
+        lo, hi = global_range
+        new = _NewState(
+            module,
+            lo.to(state.min_val.dtype).reshape(state.min_val.shape),
+            hi.to(state.max_val.dtype).reshape(state.max_val.shape),
+            chunk[:bins].to(state.histogram.dtype),
+        )
+        return new, "rebinned" if chunk[bins] > 0 else None
+
+
+#: observer kind -> how it merges (STATIC and UNSUPPORTED observers are never merged)
+MERGERS: dict[str, _Merger] = {
+    MINMAX: _MinMaxMerger(),
+    PER_CHANNEL: _MinMaxMerger(),
+    MOVING_AVERAGE: _MovingAverageMerger(),
+    MOVING_AVERAGE_PER_CHANNEL: _MovingAverageMerger(),
+    HISTOGRAM: _HistogramMerger(),
+}
+
+
+def _merger(entry: _Entry) -> _Merger:
+    return MERGERS[entry.kind]
 
 
 def _merge(
@@ -484,36 +560,17 @@ def _merge(
     rebinned: list[str] = []
     averaged: list[str] = []
     offset = comm.world_size
+    notes: dict[str, list[str]] = {"averaged": averaged, "rebinned": rebinned}
     for entry in entries:
         if entry.kind == STATIC or entry.shape is None:
             continue
-        module = modules[entry.name]
-        state = _inner(module)
-        if entry.kind in (MINMAX, PER_CHANNEL):
-            lo, hi = ranges[entry.name]
-            new[entry.name] = _NewState(module, lo.to(state.min_val.dtype), hi.to(state.max_val.dtype))
-        elif entry.kind in _MOVING:
-            n = _width(entry)
-            chunk = reduced_sum[offset : offset + 2 * n + 1]
-            offset += 2 * n + 1
-            count = chunk[-1]
-            lo = (chunk[:n] / count).reshape(entry.shape)
-            hi = (chunk[n : 2 * n] / count).reshape(entry.shape)
-            new[entry.name] = _NewState(module, lo.to(state.min_val.dtype), hi.to(state.max_val.dtype))
-            averaged.append(entry.name)
-        else:  # histogram
-            bins = int(state.bins)
-            chunk = reduced_sum[offset : offset + bins + 1]
-            offset += bins + 1
-            lo, hi = ranges[entry.name]
-            new[entry.name] = _NewState(
-                module,
-                lo.to(state.min_val.dtype).reshape(state.min_val.shape),
-                hi.to(state.max_val.dtype).reshape(state.max_val.shape),
-                chunk[:bins].to(state.histogram.dtype),
-            )
-            if chunk[bins] > 0:
-                rebinned.append(entry.name)
+        merger = _merger(entry)
+        width = merger.sum_width(entry)
+        chunk = reduced_sum[offset : offset + width]
+        offset += width
+        new[entry.name], note = merger.merged(entry, modules[entry.name], ranges.get(entry.name), chunk)
+        if note:
+            notes[note].append(entry.name)
     for state_new in new.values():
         if state_new.module is not _inner(state_new.module) and bool(state_new.module.observer_enabled[0]):
             # a fake-quantizer refreshes scale / zero point from its observer, as its forward does

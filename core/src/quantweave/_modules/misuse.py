@@ -22,8 +22,8 @@ from typing import Any
 from torch.fx import GraphModule
 
 from ..errors import MisuseWarning
-from ..observers import is_observer_module
 from .foreign import is_pt2e_quantizer
+from .observer_calls import observer_calls
 
 __all__ = ["PREPARED_KEY", "check_prepare_input", "not_an_instance", "quantizer_members", "warn_no_observers"]
 
@@ -64,18 +64,10 @@ def _check_exported(model: GraphModule, api: str) -> None:
 
 def _observer_nodes(model: GraphModule) -> list[tuple[str, str]]:
     """(observer name, name of the node it observes) of each observer call in ``model``."""
-    found = []
-    for node in model.graph.nodes:
-        if node.op != "call_module":
-            continue
-        try:
-            module = model.get_submodule(str(node.target))
-        except AttributeError:
-            continue
-        if is_observer_module(module):
-            source = node.args[0] if node.args else None
-            found.append((str(node.target), getattr(source, "name", "?")))
-    return found
+    return [
+        (str(node.target), getattr(node.args[0] if node.args else None, "name", "?"))
+        for node, _ in observer_calls(model)
+    ]
 
 
 def _check_not_prepared(model: GraphModule, api: str) -> None:

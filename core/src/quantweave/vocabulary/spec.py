@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import re
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -130,7 +131,10 @@ def export_probe(spec: PatternSpec, train: bool = False) -> ExportedProbe:
             model.train(train)
             _EXPORTS[key] = (_unguarded(torch.export.export(model, inputs)), inputs)
         gm, stored = _EXPORTS[key]
-        return ExportedProbe(copy.deepcopy(gm), tuple(_clone(x) for x in stored))
+        with warnings.catch_warnings():  # torch's pytree warns about its own LeafSpec when copied
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            copied = copy.deepcopy(gm)
+        return ExportedProbe(copied, tuple(_clone(x) for x in stored))
 
 
 def forget_exported_probes() -> None:
