@@ -431,6 +431,9 @@ def _write(state: torch.nn.Module, new: _NewState) -> None:
 # -- merging, one strategy per observer kind -----------------------------------------------------
 
 
+_Range = tuple[torch.Tensor, torch.Tensor]  # the global (min, max) of one observer
+
+
 class _Merger:
     """How observers of one kind merge across ranks. ``exact`` kinds take part in the
     all-reduce min of [min, -max]; a kind sends ``sum_width`` numbers to the all-reduce sum
@@ -442,17 +445,11 @@ class _Merger:
     def sum_width(self, entry: _Entry) -> int:
         return 0
 
-    def sum_part(
-        self, entry: _Entry, state: Any, has_data: bool, global_range: tuple[torch.Tensor, torch.Tensor] | None
-    ) -> list[torch.Tensor]:
+    def sum_part(self, entry: _Entry, state: Any, has_data: bool, global_range: _Range | None) -> list[torch.Tensor]:
         return []
 
     def merged(
-        self,
-        entry: _Entry,
-        module: torch.nn.Module,
-        global_range: tuple[torch.Tensor, torch.Tensor] | None,
-        chunk: torch.Tensor,
+        self, entry: _Entry, module: torch.nn.Module, global_range: _Range | None, chunk: torch.Tensor
     ) -> tuple[_NewState, str | None]:
         raise NotImplementedError
 
@@ -460,7 +457,9 @@ class _Merger:
 class _MinMaxMerger(_Merger):
     """Min/max (per tensor or per channel): the global min and max, exactly."""
 
-    def merged(self, entry, module, global_range, chunk):  # type: ignore[no-untyped-def]
+    def merged(
+        self, entry: _Entry, module: torch.nn.Module, global_range: _Range | None, chunk: torch.Tensor
+    ) -> tuple[_NewState, str | None]:
         state = _inner(module)
         assert global_range is not None
         lo, hi = global_range
@@ -475,14 +474,17 @@ class _MovingAverageMerger(_Merger):
     def sum_width(self, entry: _Entry) -> int:
         return 2 * _width(entry) + 1
 
-    def sum_part(self, entry, state, has_data, global_range):  # type: ignore[no-untyped-def]
+    def sum_part(self, entry: _Entry, state: Any, has_data: bool, global_range: _Range | None) -> list[torch.Tensor]:
         if not has_data:
             return [torch.zeros(self.sum_width(entry), dtype=torch.float64)]
         return [_flat(state.min_val), _flat(state.max_val), torch.ones(1, dtype=torch.float64)]
 
-    def merged(self, entry, module, global_range, chunk):  # type: ignore[no-untyped-def]
+    def merged(
+        self, entry: _Entry, module: torch.nn.Module, global_range: _Range | None, chunk: torch.Tensor
+    ) -> tuple[_NewState, str | None]:
         state = _inner(module)
         n = _width(entry)
+        assert entry.shape is not None  # merged only where some rank saw data
         count = chunk[-1]
         lo = (chunk[:n] / count).reshape(entry.shape)
         hi = (chunk[n : 2 * n] / count).reshape(entry.shape)
@@ -495,7 +497,7 @@ class _HistogramMerger(_Merger):
     def sum_width(self, entry: _Entry) -> int:
         return int(dict(entry.config)["bins"]) + 1
 
-    def sum_part(self, entry, state, has_data, global_range):  # type: ignore[no-untyped-def]
+    def sum_part(self, entry: _Entry, state: Any, has_data: bool, global_range: _Range | None) -> list[torch.Tensor]:
         bins = int(state.bins)
         if not has_data:
             return [torch.zeros(bins + 1, dtype=torch.float64)]
@@ -509,7 +511,9 @@ class _HistogramMerger(_Merger):
             histogram = rebin_histogram(state, histogram, state.min_val, state.max_val, new_lo, new_hi)
         return [_flat(histogram), torch.tensor([0.0 if same else 1.0], dtype=torch.float64)]
 
-    def merged(self, entry, module, global_range, chunk):  # type: ignore[no-untyped-def]
+    def merged(
+        self, entry: _Entry, module: torch.nn.Module, global_range: _Range | None, chunk: torch.Tensor
+    ) -> tuple[_NewState, str | None]:
         state = _inner(module)
         bins = int(state.bins)
         assert global_range is not None

@@ -32,26 +32,20 @@ import torch
 from torch.fx import GraphModule
 
 from ._modules.archive import META, atomic_target, check_loadable
+from ._modules.observer_calls import observer_calls
 from .errors import SerializationError
-from .observers import is_observer_module
 
 __all__ = ["load", "save"]
 
 
 def _check_converted(model: GraphModule) -> None:
-    for node in model.graph.nodes:
-        if node.op != "call_module":
-            continue
-        try:
-            module = model.get_submodule(str(node.target))
-        except AttributeError:
-            continue
-        if is_observer_module(module):
-            kind = type(module).__name__
-            raise SerializationError(
-                f"quantweave.save: the model still has observers (node {node.name!r}, a {kind}): it is prepared, "
-                "not converted. Calibrate it, then save quantweave.convert_pt2e(prepared)."
-            )
+    found = observer_calls(model)
+    if found:
+        node, module = found[0]
+        raise SerializationError(
+            f"quantweave.save: the model still has observers (node {node.name!r}, a {type(module).__name__}): it is "
+            "prepared, not converted. Calibrate it, then save quantweave.convert_pt2e(prepared)."
+        )
 
 
 def save(

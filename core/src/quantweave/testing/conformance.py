@@ -90,12 +90,6 @@ class ConformanceFailure:
         return f"{who} [{self.pattern}, {self.mode}]: {self.message}"
 
 
-_op_name = node_op  # the vocabulary op of a node (in place or string padding: the op it computes)
-_activation_inputs = activation_inputs
-_weight_input = weight_input
-_output_found = output_found
-
-
 def _annotated_nodes(gm: GraphModule) -> list[Node]:
     return [node for node in gm.graph.nodes if has_specs(node)]
 
@@ -141,7 +135,7 @@ def _check_annotations(gm: GraphModule, cap: Capability, chain: Chain) -> list[s
         if n in _annotated_nodes(gm) and not is_annotated(n)
     ]
     want_dynamic = cap.mode is Mode.DYNAMIC
-    inputs = _activation_inputs(anchor)
+    inputs = activation_inputs(anchor)
     for producer in inputs:
         spec = resolved((producer, anchor))
         got = tensor_quant_from_spec(spec)
@@ -157,7 +151,7 @@ def _check_annotations(gm: GraphModule, cap: Capability, chain: Chain) -> list[s
                 f"activation input {producer.name!r} of {anchor.name!r}: declared mode {cap.mode} but the spec has "
                 f"is_dynamic={getattr(spec, 'is_dynamic', False)}"
             )
-    weight = _weight_input(anchor)
+    weight = weight_input(anchor)
     if cap.weight is not None or weight is not None:
         got_w = tensor_quant_from_spec(resolved((weight, anchor))) if weight is not None else None
         if not ((cap.weight is None and got_w is None) or (cap.weight is not None and cap.weight.conforms(got_w))):
@@ -179,7 +173,7 @@ def _check_annotations(gm: GraphModule, cap: Capability, chain: Chain) -> list[s
             )
             if not ok:
                 problems.append(f"bias of {anchor.name!r}: declared {cap.bias}, annotated {_describe(got_b)}")
-    found = _output_found(last, anchor, inputs, specs, roots, resolved)
+    found = output_found(last, anchor, inputs, specs, roots, resolved)
     if cap.output is not None and not _output_conforms(cap.output, found):
         problems.append(f"output of {last.name!r}: declared {cap.output}, annotated {found}")
     elif cap.mode in (Mode.DYNAMIC, Mode.WEIGHT_ONLY) and found.kind not in ("float", "shared"):
@@ -250,7 +244,7 @@ def _run_flow(
         converted(*inputs)
     except Exception as exc:
         return [f"the quantized probe does not run end to end: {type(exc).__name__}: {exc}"]
-    if folds_bn and any(_op_name(n) == "aten.batch_norm.default" for n in converted.graph.nodes):
+    if folds_bn and any(node_op(n) == "aten.batch_norm.default" for n in converted.graph.nodes):
         return ["the batch norm of the quantized conv was not folded into it by convert_pt2e"]
     if grouped is not None:
         problems = _check_grouped_weight(converted, *grouped)
@@ -279,10 +273,10 @@ def _check_grouped_weight(converted: GraphModule, anchor_name: str, declared: Te
     anchor = next((n for n in converted.graph.nodes if n.name == anchor_name), None)
     if anchor is None:
         return [f"grouped weight: {anchor_name!r} is not in the converted graph"]
-    weight = _weight_input(anchor)
+    weight = weight_input(anchor)
     where = f"weight of {anchor_name!r} after convert_pt2e"
-    if weight is None or _op_name(weight) != "quantized_decomposed.dequantize_per_channel_group.default":
-        found = "nothing" if weight is None else _op_name(weight) if weight.op == "call_function" else weight.op
+    if weight is None or node_op(weight) != "quantized_decomposed.dequantize_per_channel_group.default":
+        found = "nothing" if weight is None else node_op(weight) if weight.op == "call_function" else weight.op
         return [f"{where}: declared {declared}, but it is not read through dequantize_per_channel_group ({found})"]
     stored, scales, _, qmin, qmax, dtype, group_size = weight.args[:7]
     problems = []
@@ -321,17 +315,17 @@ def _check_per_token_activation(converted: GraphModule, anchor_name: str) -> lis
         return [f"per-token activation: {anchor_name!r} is not in the converted graph"]
     where = f"activation input of {anchor_name!r} after convert_pt2e"
     dq = anchor.args[0] if anchor.args and isinstance(anchor.args[0], Node) else None
-    if dq is None or _op_name(dq) != "quantized_decomposed.dequantize_per_token.default":
-        found = "nothing" if dq is None else _op_name(dq) if dq.op == "call_function" else dq.op
+    if dq is None or node_op(dq) != "quantized_decomposed.dequantize_per_token.default":
+        found = "nothing" if dq is None else node_op(dq) if dq.op == "call_function" else dq.op
         return [f"{where}: declared per_token, but it is not read through dequantize_per_token ({found})"]
     q = dq.args[0]
     scale = dq.args[1]
     choose = scale.args[0] if isinstance(scale, Node) and scale.target is operator.getitem else None
-    if not isinstance(q, Node) or _op_name(q) != "quantized_decomposed.quantize_per_token.default":
+    if not isinstance(q, Node) or node_op(q) != "quantized_decomposed.quantize_per_token.default":
         return [f"{where}: dequantize_per_token does not read a quantize_per_token"]
     if (
         not isinstance(choose, Node)
-        or _op_name(choose) != "quantized_decomposed.choose_qparams_per_token_asymmetric.default"
+        or node_op(choose) != "quantized_decomposed.choose_qparams_per_token_asymmetric.default"
         or choose.args[0] is not q.args[0]
     ):
         return [
