@@ -68,6 +68,7 @@ from .patterns import chain_of, matches, node_op
 from .probing import activation_inputs, annotate_copy, has_specs, output_found, weight_input
 from .records import FLOAT, Capability, Mode, Quant, TensorQuant, tensor_quant_from_spec
 from .sharing import collect_specs, group_specs
+from .torch_compat import unguarded_module
 
 __all__ = [
     "ProbeStats",
@@ -183,13 +184,6 @@ def exported_probe(pattern: str, train: bool = False) -> tuple[GraphModule, tupl
     return tuple(core_vocabulary().exported(pattern, train))  # type: ignore[return-value]
 
 
-def _unguarded(program: Any) -> GraphModule:
-    try:
-        return program.module(check_guards=False)
-    except TypeError:  # a torch without the keyword
-        return program.module()
-
-
 class _AllProbes(torch.nn.Module):
     """Every probe as a submodule (``probe_<pattern>``) of one model, each on its own inputs:
     one export and one ``annotate`` call cover them all (a vendor's ``annotate`` may cost
@@ -228,7 +222,7 @@ def _combined_probes(train: bool) -> tuple[GraphModule, dict[str, str]]:
                 probes[name] = (model, tuple(inputs))
             combined = _AllProbes(probes).train(train)
             flat = tuple(x for _, inputs in probes.values() for x in inputs)
-            gm = _unguarded(torch.export.export(combined, flat))
+            gm = unguarded_module(torch.export.export(combined, flat))
             owners = [name for name, (_, inputs) in probes.items() for _ in inputs]
             placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
             _COMBINED[train] = (gm, dict(zip(placeholders, owners, strict=False)))

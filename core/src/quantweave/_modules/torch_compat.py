@@ -79,8 +79,18 @@ __all__ = [
     "quantized_decomposed_ops",
     "rebin_histogram",
     "segment_sum",
+    "unguarded_module",
     "with_observer_kwargs",
 ]
+
+
+def unguarded_module(program: Any) -> GraphModule:
+    """``program.module()`` without the input-guard call (``check_guards=False``, which torch
+    2.13 adds as a ``_guards_fn`` node); a torch without the keyword has no such call."""
+    try:
+        return program.module(check_guards=False)
+    except TypeError:
+        return program.module()
 
 
 # -- 1. the quantized_decomposed op set ----------------------------------------------------

@@ -1,7 +1,8 @@
 """Conformance kit: declared capabilities must be what a quantizer really does.
 
-For every capability a quantizer declares, the kit builds a *probe* model containing the
-pattern, exports it with default (non-strict) ``torch.export``, runs the quantizer
+For every capability a quantizer declares, the kit takes the *probe* model of the pattern
+(:mod:`quantweave.vocabulary`: exported with default, non-strict ``torch.export`` once per
+process and handed out as a copy, so checking many quantizers costs one export), runs the quantizer
 (``transform_for_annotation`` + ``annotate``) and checks that:
 
 * the pattern's anchor op is annotated, with the declared activation quantization

@@ -28,6 +28,7 @@ import torch
 from torch.fx import Graph, GraphModule, Node
 
 from .._modules.patterns import chain_of, matches
+from .._modules.torch_compat import unguarded_module
 
 __all__ = [
     "OP_NAME",
@@ -105,13 +106,6 @@ def _shapes(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else repr(x) for x in inputs)
 
 
-def _unguarded(program: Any) -> GraphModule:
-    try:
-        return program.module(check_guards=False)
-    except TypeError:  # a torch without the keyword
-        return program.module()
-
-
 def _clone(value: Any) -> Any:
     return value.clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
 
@@ -129,7 +123,7 @@ def export_probe(spec: PatternSpec, train: bool = False) -> ExportedProbe:
         key = (spec.name, spec.probe, bool(train), _shapes(inputs))
         if key not in _EXPORTS:
             model.train(train)
-            _EXPORTS[key] = (_unguarded(torch.export.export(model, inputs)), inputs)
+            _EXPORTS[key] = (unguarded_module(torch.export.export(model, inputs)), inputs)
         gm, stored = _EXPORTS[key]
         with warnings.catch_warnings():  # torch's pytree warns about its own LeafSpec when copied
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
