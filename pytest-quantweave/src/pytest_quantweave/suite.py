@@ -53,7 +53,7 @@ def load_plugin(spec: object, name: str | None = None) -> PluginUnderTest:
     name in reports (default: its entry-point name, else the module path)."""
     from quantweave.registry import PluginManager
 
-    label = spec if isinstance(spec, str) else getattr(spec, "__name__", repr(spec))
+    label: str = spec if isinstance(spec, str) else str(getattr(spec, "__name__", repr(spec)))
     plugin: object | None
     if isinstance(spec, str) and not spec:
         return PluginUnderTest(spec, name or "?", None, error="the plugin under test is named by an empty string")
@@ -62,7 +62,7 @@ def load_plugin(spec: object, name: str | None = None) -> PluginUnderTest:
         try:
             plugin = found[0].load()
         except Exception as exc:
-            return PluginUnderTest(spec, name or found[0].name, None, error=f"entry point {found[0].value}: {exc!r}")
+            return PluginUnderTest(label, name or found[0].name, None, error=f"entry point {found[0].value}: {exc!r}")
         label = found[0].value
         name = name or found[0].name
     elif isinstance(spec, str):
