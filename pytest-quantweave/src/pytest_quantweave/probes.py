@@ -2,12 +2,15 @@
 
 Exporting a probe (``torch.export``) costs far more than annotating it, so every test and
 every quantizer of a session gets copies of one export per (pattern, mode): a test may
-annotate, prepare or convert its copy without changing what the next test gets.
+annotate, prepare or convert its copy without changing what the next test gets. Where the
+core exports probes once per process itself (``quantweave.vocabulary.export_probe``), the
+cache takes its exports from there, so the kit's checks and the fixture share one export.
 """
 
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -52,7 +55,8 @@ class ProbeCache:
         self._patterns.update(patterns)
 
     def get(self, pattern: str, mode: Mode | str = Mode.STATIC) -> Probe:
-        """A copy of the exported probe of ``pattern`` (model put in train mode for QAT)."""
+        """A copy of the exported probe of ``pattern`` (model put in train mode for QAT).
+        ``exports`` counts the (pattern, mode) pairs this cache had exported."""
         mode = Mode(mode)
         key = (pattern, mode)
         if key not in self._cache:
@@ -67,21 +71,36 @@ class ProbeCache:
             torch.manual_seed(0)
             model, inputs = spec.probe()
             model.train(mode is Mode.QAT)
-            exported = torch.export.export(model, inputs).module()
+            exported, inputs = _export(spec, model, tuple(inputs), mode is Mode.QAT)
             self.exports += 1
-            assert isinstance(exported, GraphModule)
-            self._cache[key] = Probe(pattern, mode, model, tuple(inputs), exported)
+            self._cache[key] = Probe(pattern, mode, model, inputs, exported)
         probe = self._cache[key]
-        return Probe(
-            pattern,
-            mode,
-            copy.deepcopy(probe.model),
-            tuple(t.clone() for t in probe.inputs),
-            copy.deepcopy(probe.graph_module),
-        )
+        with warnings.catch_warnings():  # torch's pytree warns about its own LeafSpec when copied
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            return Probe(
+                pattern,
+                mode,
+                copy.deepcopy(probe.model),
+                tuple(t.clone() for t in probe.inputs),
+                copy.deepcopy(probe.graph_module),
+            )
 
     def __len__(self) -> int:
         return len(self._cache)
 
     def __repr__(self) -> str:
         return f"ProbeCache({len(self._cache)} exported probes, {self.exports} exports)"
+
+
+def _export(
+    spec: PatternSpec, model: nn.Module, inputs: tuple[torch.Tensor, ...], train: bool
+) -> tuple[GraphModule, tuple[torch.Tensor, ...]]:
+    """The exported probe: from the core's per-process export cache when it has one."""
+    try:
+        from quantweave.vocabulary import export_probe  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        exported = torch.export.export(model, inputs).module()
+        assert isinstance(exported, GraphModule)
+        return exported, inputs
+    graph_module, stored = export_probe(spec, train)
+    return graph_module, tuple(stored)
