@@ -206,3 +206,19 @@ def test_the_old_import_paths_are_the_kit_modules(name):
     import importlib
 
     assert importlib.import_module(f"quantweave.testing.{name}") is importlib.import_module(f"pytest_quantweave.{name}")
+
+
+def test_the_plugin_module_itself_can_be_given(pytester, run):
+    pytester.makepyfile(
+        test_conformance="""
+        from pytest_quantweave import conformance_suite
+        from quantweave_contrib_template import plugin
+
+        TestConformance = conformance_suite(plugin, name="tpl")
+        """
+    )
+    result = run("--collect-only", "-q")
+    assert "test_conformance.py::TestConformance::test_the_quantizer_annotates_only_what_it_declares[template]" in (
+        result.outlines
+    )
+    assert any("[template-linear-dynamic]" in line for line in result.outlines)
