@@ -87,7 +87,8 @@ def test_pyproject_declares_the_entry_point_the_range_and_the_packaging(project)
 
 def test_the_package_imports_only_the_plugin_contract(project):
     root, _ = project
-    allowed = {"quantweave", "quantweave.plugin_api", "quantweave.observers"}
+    # quantweave.capabilities: vocabulary_op (ops compared as the pattern vocabulary names them)
+    allowed = {"quantweave", "quantweave.plugin_api", "quantweave.observers", "quantweave.capabilities"}
     for path in (root / "src").rglob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
@@ -106,7 +107,13 @@ def test_the_generated_plugin_targets_the_current_api_and_conforms(generated_pac
     assert generated_package.QUANTWEAVE_PLUGIN_API == PLUGIN_API_VERSION
     (info,) = generated_package.quantweave_quantizers()
     assert info.name == NAME
-    assert {c.pattern for c in info.capabilities} == {"conv2d", "conv2d_relu", "linear"}
+    assert {(c.pattern, c.mode.value) for c in info.capabilities} == {
+        ("conv2d", "static"),
+        ("conv2d_relu", "static"),
+        ("linear", "static"),
+        ("linear_relu", "static"),
+        ("linear", "dynamic"),
+    }
     # the full form: every field the kit checks is stated
     for cap in info.capabilities:
         assert None not in (cap.activation, cap.weight, cap.output, cap.bias), cap
@@ -114,9 +121,46 @@ def test_the_generated_plugin_targets_the_current_api_and_conforms(generated_pac
 
 
 def test_the_generated_tests_call_the_kit(project):
+    """The whole conformance test is one line through pytest-quantweave (its test extra)."""
     root, _ = project
     text = (root / "tests" / "test_conformance.py").read_text()
-    assert f'assert_plugin_conforms(plugin, name="{NAME}")' in text
+    code = [line for line in text.splitlines() if line and not line.startswith(("#", '"""')) and "import" not in line]
+    assert code[-1] == 'TestConformance = conformance_suite("quantweave_scaffold_probe.plugin")'
+    assert "from pytest_quantweave import conformance_suite" in text
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(r.startswith("pytest-quantweave") for r in extras["test"])
+
+
+@pytest.mark.parametrize("taken", ["x86", "xnnpack", "embedding", "executorch", "onnxruntime", "vendors", "litert"])
+def test_the_name_of_a_first_party_plugin_is_refused_unless_forced(taken, tmp_path):
+    with pytest.raises(ScaffoldError) as info:
+        new_plugin(taken, tmp_path / "out")
+    message = str(info.value)
+    assert repr(taken) in message and f"quantweave-{taken}" in message and "--force" in message
+    assert not (tmp_path / "out").exists()
+    assert new_plugin(taken, tmp_path / "forced", force=True)
+
+
+def test_the_cli_refuses_a_first_party_name_and_takes_force(tmp_path, capsys):
+    assert main(["new-plugin", "x86", "--dir", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert "'x86'" in err and "--force" in err
+    assert main(["new-plugin", "x86", "--force", "--dir", str(tmp_path / "b")]) == 0
+    assert (tmp_path / "b" / "pyproject.toml").is_file()
+
+
+def test_the_develop_block_and_tox_install_quantweave_from_a_checkout(project):
+    """No package index has quantweave yet: the README's Develop block installs the core and
+    pytest-quantweave from QUANTWEAVE_SOURCE, and tox has an env `source` doing the same."""
+    root, _ = project
+    readme = (root / "README.md").read_text()
+    develop = readme.split("## Develop", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    assert '"$QUANTWEAVE_SOURCE/core" "$QUANTWEAVE_SOURCE/pytest-quantweave"' in develop
+    assert "export QUANTWEAVE_SOURCE=" in develop
+    tox = (root / "tox.ini").read_text()
+    assert "source: {env:QUANTWEAVE_SOURCE:QUANTWEAVE_SOURCE-is-not-set}/core" in tox
+    assert "source: {env:QUANTWEAVE_SOURCE:QUANTWEAVE_SOURCE-is-not-set}/pytest-quantweave" in tox
+    assert "passenv = QUANTWEAVE_SOURCE" in tox and "extras = test" in tox
 
 
 @pytest.mark.parametrize(

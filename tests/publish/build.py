@@ -2,7 +2,8 @@
 
 ``python tests/publish/build.py WORKDIR`` (WORKDIR: the env's ``{envtmpdir}``):
 
-1. builds wheels of the core, quantweave-x86 and contrib/litert (quantweave-litert) into
+1. builds wheels of the core, pytest-quantweave (the conformance kit the generated
+   project's tests use), quantweave-x86 and contrib/litert (quantweave-litert) into
    ``WORKDIR/dist`` and installs exactly these wheel files (their other requirements from
    the package index);
 2. generates a plugin project with the installed ``quantweave new-plugin acme`` (so the
@@ -13,9 +14,10 @@ The env then lints the generated project, runs its own tests, the litert conform
 composition tests and ``tests/publish`` against what is installed.
 
 ``python tests/publish/build.py WORKDIR --project-tox`` runs the generated project's own
-``tox.ini`` as its author would (``tox -e py311``: its wheel built in an isolated build
-environment, installed with its dependencies, its tests run), with quantweave resolved
-from ``WORKDIR/dist`` (``PIP_FIND_LINKS``) since it is not on the package index.
+``tox.ini`` as its author would with quantweave not on a package index (its README:
+``QUANTWEAVE_SOURCE=<checkout> tox -e source``: the core and pytest-quantweave installed
+from this checkout, its wheel built in an isolated build environment and installed, its
+tests run).
 """
 
 from __future__ import annotations
@@ -54,9 +56,9 @@ def main(workdir: str) -> None:
     dist, project = work / "dist", work / f"quantweave-{PLUGIN}"
     for path in (dist, project):
         shutil.rmtree(path, ignore_errors=True)
-    for source in ("core", "plugins/x86", "contrib/litert"):
+    for source in ("core", "pytest-quantweave", "plugins/x86", "contrib/litert"):
         build(ROOT / source, dist, "--wheel")
-    install(dist, "quantweave", "quantweave_x86", "quantweave_litert")
+    install(dist, "quantweave", "pytest_quantweave", "quantweave_x86", "quantweave_litert")
     script = Path(sys.executable).with_name("quantweave")
     run(script, "new-plugin", PLUGIN, "--dir", project)
     build(project, dist, "--sdist", "--wheel")
@@ -65,10 +67,10 @@ def main(workdir: str) -> None:
 
 def project_tox(workdir: str) -> None:
     work = Path(workdir)
-    env = {**os.environ, "PIP_FIND_LINKS": str(work / "dist")}
+    env = {**os.environ, "QUANTWEAVE_SOURCE": str(ROOT)}
     project, toxwork = work / f"quantweave-{PLUGIN}", work / "project-tox"
     shutil.rmtree(toxwork, ignore_errors=True)
-    run(sys.executable, "-m", "tox", "-c", project, "-e", "py311", "--workdir", toxwork, env=env)
+    run(sys.executable, "-m", "tox", "-c", project, "-e", "source", "--workdir", toxwork, env=env)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 DIST = Path(os.environ.get("QUANTWEAVE_PUBLISH_DIST", "")) if os.environ.get("QUANTWEAVE_PUBLISH_DIST") else None
 WHEELS = {
     "quantweave": ("quantweave", None),
+    "pytest_quantweave": ("pytest_quantweave", None),
     "quantweave_x86": ("quantweave_x86", "x86"),
     "quantweave_litert": ("quantweave_litert", "litert"),
     "quantweave_acme": ("quantweave_acme", "acme"),
@@ -123,3 +124,14 @@ def test_the_three_plugins_compose(dist):
     prepared(x)
     converted = qw.convert_pt2e(prepared)
     torch.testing.assert_close(converted(x), model(x), atol=0.1, rtol=0)
+
+
+def test_the_kit_wheel_is_a_pytest_plugin_with_the_reference_material_the_core_wheel_leaves_out(dist):
+    kit = zipfile.ZipFile(wheel(dist, "pytest_quantweave"))
+    (eps,) = [n for n in kit.namelist() if n.endswith(".dist-info/entry_points.txt")]
+    assert "[pytest11]\nquantweave = pytest_quantweave.plugin" in kit.read(eps).decode()
+    core = zipfile.ZipFile(wheel(dist, "quantweave"))
+    for name in ("models", "digits", "reference"):
+        assert f"pytest_quantweave/{name}.py" in kit.namelist()
+        stub = core.read(f"quantweave/testing/{name}.py").decode()  # only the stub pointing at the kit
+        assert f'moved_to_kit("{name}")' in stub and len(stub) < 1000

@@ -12,7 +12,7 @@ declares none is shown with the capabilities probing derives, marked ``*`` (``so
 ``quantweave --version``: the versions of quantweave (and its plugin API), torch, and each
 plugin's distribution.
 
-``quantweave new-plugin NAME [--dir DIR]``: generate a plugin project (see
+``quantweave new-plugin NAME [--dir DIR] [--force]``: generate a plugin project (see
 :mod:`quantweave.scaffold`).
 
 ``quantweave compare MODEL --quantizer NAME [--option KEY=VALUE ...] [--calibration-batches N]
@@ -208,6 +208,7 @@ def main(argv: Sequence[str] | None = None, manager: PluginManager | None = None
     p_new = sub.add_parser("new-plugin", help="generate a plugin project (package, quantizer, tests, pyproject)")
     p_new.add_argument("name", help="the plugin's name, e.g. 'acme' (distribution quantweave-acme)")
     p_new.add_argument("--dir", help="where to generate it (default: ./quantweave-NAME); must be absent or empty")
+    p_new.add_argument("--force", action="store_true", help="generate it even under the name of a first-party plugin")
     args = parser.parse_args(argv)
     if args.command != "new-plugin" and not _environment_understood(manager or default_manager()):
         return 2
@@ -217,7 +218,7 @@ def main(argv: Sequence[str] | None = None, manager: PluginManager | None = None
     if args.command is None:
         parser.error(f"a command is required: {', '.join(sub.choices)} (see quantweave --help)")
     if args.command == "new-plugin":
-        return _new_plugin(args.name, args.dir)
+        return _new_plugin(args.name, args.dir, args.force)
     manager = manager or default_manager()
     if args.command == "compare":
         return _compare(args, manager)
@@ -242,11 +243,11 @@ def _environment_understood(manager: PluginManager) -> bool:
     return True
 
 
-def _new_plugin(name: str, directory: str | None) -> int:
+def _new_plugin(name: str, directory: str | None, force: bool = False) -> int:
     from .scaffold import ScaffoldError, new_plugin, plugin_names
 
     try:
-        written = new_plugin(name, directory)
+        written = new_plugin(name, directory, force=force)
     except ScaffoldError as exc:
         print(f"quantweave new-plugin: {exc}", file=sys.stderr)
         return 2
@@ -255,7 +256,7 @@ def _new_plugin(name: str, directory: str | None) -> int:
     print(f"created {names.dist} in {root} (package {names.package}, entry point {names.name}):")
     for path in written:
         print(f"  {path.relative_to(root)}")
-    print(f"next: cd {root} && pip install torch==2.13.0 && pip install -e '.[test]' && pytest")
+    print(f"next: cd {root} and run README.md's Develop block (QUANTWEAVE_SOURCE: a checkout of quantweave)")
     return 0
 
 

@@ -1,7 +1,9 @@
-"""``quantweave new-plugin NAME [--dir DIR]``: generate a plugin project.
+"""``quantweave new-plugin NAME [--dir DIR] [--force]``: generate a plugin project.
 
-The project installs, passes its own tests (quantweave's conformance kit) and builds a
-wheel without edits: ``pyproject.toml`` with the ``quantweave`` entry point and the
+The project installs, passes its own tests (quantweave's conformance kit, through the
+pytest plugin pytest-quantweave: one line) and builds a wheel without edits, from a
+checkout of quantweave (``QUANTWEAVE_SOURCE``, see the generated README) or an index:
+``pyproject.toml`` with the ``quantweave`` entry point and the
 dependency range of the plugin API it targets, a package with one quantizer and its
 declared capabilities, ``py.typed``, a conformance test, a ``tox.ini`` pinning torch, a
 README and a LICENSE placeholder. The templates are package data (``quantweave/_scaffold``).
@@ -9,6 +11,9 @@ README and a LICENSE placeholder. The templates are package data (``quantweave/_
 For a plugin named ``acme``: distribution ``quantweave-acme``, package
 ``quantweave_acme``, entry point ``acme = "quantweave_acme.plugin"``, quantizer ``acme``
 (class ``AcmeQuantizer``), directory ``./quantweave-acme`` unless ``--dir`` is given.
+The names of quantweave's own plugins (:data:`FIRST_PARTY`) are refused unless forced.
+contrib/template in quantweave's repository is this scaffold's output for ``template``
+(tests/core/test_scaffold_template.py keeps them the same).
 """
 
 from __future__ import annotations
@@ -22,10 +27,12 @@ from pathlib import Path
 
 from .plugin_api import PLUGIN_API_RELEASES, PLUGIN_API_VERSION
 
-__all__ = ["PluginNames", "ScaffoldError", "new_plugin", "plugin_names"]
+__all__ = ["FIRST_PARTY", "PluginNames", "ScaffoldError", "new_plugin", "plugin_names"]
 
 _NAME = re.compile(r"^[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*$")
 _MAX_LENGTH = 40
+#: Plugin names of quantweave's own distributions (quantweave-<name>): generated only with ``force``.
+FIRST_PARTY = frozenset({"x86", "xnnpack", "embedding", "executorch", "onnxruntime", "vendors", "litert"})
 
 #: generated path (relative to the project directory) -> template file in quantweave/_scaffold
 _FILES: dict[str, str] = {
@@ -92,11 +99,18 @@ def _render(template: str, names: PluginNames) -> str:
     )
 
 
-def new_plugin(name: str, directory: str | os.PathLike[str] | None = None) -> list[Path]:
+def new_plugin(name: str, directory: str | os.PathLike[str] | None = None, *, force: bool = False) -> list[Path]:
     """Generate the plugin project for ``name`` in ``directory`` (default
     ``./quantweave-<name>``); returns the files written. Refuses a directory that exists
-    and is not empty, or a path that is a file."""
+    and is not empty, a path that is a file, and (unless ``force``) the name of one of
+    quantweave's own plugins."""
     names = plugin_names(name)
+    if names.name.replace("_", "-") in FIRST_PARTY and not force:
+        raise ScaffoldError(
+            f"plugin name {name!r} is taken by quantweave's own plugin {names.dist}: a project named so would install "
+            "over it and claim its entry point; choose another name (e.g. 'acme-" + names.name + "'), or pass "
+            "--force (new_plugin(..., force=True)) to generate it anyway"
+        )
     root = Path(names.dist if directory is None else directory)
     if root.exists() and not root.is_dir():
         raise ScaffoldError(f"{root} exists and is not a directory")

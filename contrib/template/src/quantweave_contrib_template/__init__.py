@@ -1,4 +1,4 @@
-"""A template quantweave plugin (see README)."""
+"""quantweave-contrib-template: a quantweave plugin (see README.md)."""
 
 from .quantizer import TemplateQuantizer
 

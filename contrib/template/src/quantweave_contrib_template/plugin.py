@@ -1,4 +1,9 @@
-"""Entry point module: registered under the ``quantweave`` entry-point group."""
+"""Entry point of quantweave-contrib-template
+(group ``quantweave``, name ``template``).
+
+quantweave imports this module when plugins are first asked for and calls its hooks
+(see the hooks in quantweave's docs/plugins.md).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ from quantweave.plugin_api import QuantizerInfo, hookimpl
 
 from .quantizer import CAPABILITIES, TemplateQuantizer
 
-#: The quantweave plugin-API version this plugin was written for.
+#: The quantweave plugin-API version this plugin targets (quantweave.plugin_api.PLUGIN_API_RELEASES).
 QUANTWEAVE_PLUGIN_API = 2
 
 
@@ -15,9 +20,9 @@ def quantweave_quantizers() -> list[QuantizerInfo]:
     return [
         QuantizerInfo(
             name="template",
-            factory=TemplateQuantizer,
+            factory=TemplateQuantizer,  # factory(**options) -> quantweave.Quantizer
             capabilities=CAPABILITIES,
             description="int8 symmetric conv2d/linear (static) and linear (dynamic)",
-            mode_options={"dynamic": {"is_dynamic": True}},
+            mode_options={"dynamic": {"is_dynamic": True}},  # the factory's options for each declared mode
         )
     ]

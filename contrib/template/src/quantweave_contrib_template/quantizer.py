@@ -1,17 +1,19 @@
-"""An int8 quantizer for conv2d and linear, written on quantweave's public API only.
+"""The template quantizer: int8 conv2d and linear, on quantweave's public API only.
 
 Ops are compared as the pattern vocabulary knows them (``vocabulary_op``): ``relu_``
 (``nn.ReLU(inplace=True)``) is a relu, a conv with ``padding="same"`` is a conv2d. Every
 node of a declared op the quantizer leaves float gets a reason (``set_skip_reason``), which
 ``quantweave.annotation_report`` shows.
+
+Change the scheme to your backend's; keep ``CAPABILITIES`` true: the conformance test
+(tests/test_conformance.py) fails when the declaration and the annotations disagree, and
+when anything is annotated where no declared pattern occurs.
 """
 
 from __future__ import annotations
 
-import torch
-from torch.fx import GraphModule, Node
-
 import quantweave as qw
+import torch
 from quantweave.capabilities import vocabulary_op
 from quantweave.observers import HistogramObserver, PerChannelMinMaxObserver, PlaceholderObserver
 from quantweave.plugin_api import (
@@ -24,6 +26,7 @@ from quantweave.plugin_api import (
     mark_annotated,
     set_skip_reason,
 )
+from torch.fx import GraphModule, Node
 
 CONV2D, LINEAR, RELU = "aten.conv2d.default", "aten.linear.default", "aten.relu.default"
 
@@ -49,7 +52,7 @@ class TemplateQuantizer(qw.Quantizer):
 
     def __init__(self, is_dynamic: bool = False) -> None:
         if not isinstance(is_dynamic, bool):
-            raise TypeError(f"TemplateQuantizer: is_dynamic must be a bool; got {is_dynamic!r}")
+            raise TypeError(f"{type(self).__name__}: is_dynamic must be a bool; got {is_dynamic!r}")
         self.is_dynamic = is_dynamic
         self.act = qw.QuantizationSpec(
             dtype=torch.int8,
@@ -80,7 +83,7 @@ class TemplateQuantizer(qw.Quantizer):
     def _annotate_weighted(self, node: Node) -> None:
         x, weight = node.args[0], node.args[1]
         if not isinstance(x, Node) or not isinstance(weight, Node):
-            set_skip_reason(node, "its input or weight is not a graph tensor (the template quantizes only those)")
+            set_skip_reason(node, "its input or weight is not a graph tensor (the quantizer quantizes only those)")
             return
         qw.annotate_input_qspec_map(node, x, self.act)
         qw.annotate_input_qspec_map(node, weight, self.weight)
@@ -95,14 +98,17 @@ class TemplateQuantizer(qw.Quantizer):
             qw.annotate_output_qspec(node, self.act)
 
     def _explain_float(self, model: GraphModule) -> None:
-        """A reason on every relu the template leaves float (it declares relu only fused
+        """A reason on every relu the quantizer leaves float (it declares relu only fused
         after its own conv2d / linear); a reason an earlier quantizer recorded is kept."""
         for node in model.graph.nodes:
             if node.op != "call_function" or _op(node) != RELU or qw.is_annotated(node):
                 continue
             if isinstance(node.meta.get(SKIP_REASON_KEY), str):
                 continue
-            rule = "the template quantizes relu only fused after its conv2d / linear (conv2d_relu, linear_relu)"
+            rule = (
+                f"the {self.name} quantizer quantizes relu only fused after its conv2d / linear "
+                "(conv2d_relu, linear_relu)"
+            )
             if self.is_dynamic:
                 rule = "dynamic mode quantizes linear only, relu stays float"
             producer = node.args[0] if node.args else None
@@ -113,7 +119,7 @@ class TemplateQuantizer(qw.Quantizer):
             elif len(producer.users) > 1:
                 set_skip_reason(node, f"{rule}; its input {producer.name} has other users, so they are not fused")
             else:
-                set_skip_reason(node, f"{rule}; its input {producer.name} was not quantized by the template")
+                set_skip_reason(node, f"{rule}; its input {producer.name} was not quantized by {self.name}")
 
     def quantization_capabilities(self) -> tuple[Capability, ...]:
         mode = Mode.DYNAMIC if self.is_dynamic else Mode.STATIC
