@@ -32,7 +32,8 @@ class Rule:
     - declaration: ``weighted`` (a weight, and a float bias), ``output`` (``"float"``,
       ``"quantized"``: the activation's own qparams, ``"shared"``: its first input's, or a
       :class:`~quantweave.Quant`), ``fused``, ``input_from``, ``notes`` (as in
-      :class:`~quantweave.Capability`); ``ops`` only for a pattern a plugin contributes."""
+      :class:`~quantweave.Capability`); ``bias`` (``"auto"``: ``FLOAT`` for a weighted row,
+      else unstated; or a ``Quant``, or None); ``ops`` only for a pattern a plugin contributes."""
 
     pattern: str
     annotate: Callable[..., Any] | None = None
@@ -45,6 +46,7 @@ class Rule:
     input_from: str | None = None
     notes: str = ""
     ops: tuple[str, ...] = field(default=())
+    bias: Quant | str | None = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "modes", tuple(Mode(m) for m in self.modes))
@@ -52,6 +54,9 @@ class Rule:
             raise ValueError(
                 f"Rule {self.pattern!r}: output must be one of {', '.join(_OUTPUTS)} or a Quant; got {self.output!r}"
             )
+
+        if isinstance(self.bias, str) and self.bias != "auto":
+            raise ValueError(f"Rule {self.pattern!r}: bias must be 'auto', a Quant or None; got {self.bias!r}")
 
     def applies(self, mode: Mode | str, options: Collection[str] = ()) -> bool:
         """True when the row is declared in ``mode`` with these options on."""
@@ -78,7 +83,7 @@ class Rule:
             ops=self.ops,
             notes=self.notes,
             output=output,
-            bias=FLOAT if self.weighted else None,
+            bias=(FLOAT if self.weighted else None) if self.bias == "auto" else _quant_or_none(self.bias),
             fused=self.fused,
             input_from=self.input_from,
         )
@@ -194,6 +199,10 @@ class RuleTable:
         """Record why each float node of one of the table's ops stayed float: ``why(node)``
         when given (a backend's checks that come before the rows'), else :meth:`reason`."""
         return explain_float(model, self.ops(), why or self.reason)
+
+
+def _quant_or_none(value: Quant | str | None) -> Quant | None:
+    return value if isinstance(value, Quant) else None
 
 
 _ANY_ACT = TensorQuant("uint8", 0, 255, "per_tensor", symmetric=False)
