@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,9 @@ class Rule:
     - declaration: ``weighted`` (a weight, and a float bias), ``output`` (``"float"``,
       ``"quantized"``: the activation's own qparams, ``"shared"``: its first input's, or a
       :class:`~quantweave.Quant`), ``fused``, ``input_from``, ``notes`` (as in
-      :class:`~quantweave.Capability`); ``bias`` (``"auto"``: ``FLOAT`` for a weighted row,
+      :class:`~quantweave.Capability`; ``notes`` may map modes to notes: a mode not in it has
+      none); a ``"quantized"`` output is declared ``FLOAT`` in ``Mode.DYNAMIC`` (a dynamic
+      output is never quantized on its own); ``bias`` (``"auto"``: ``FLOAT`` for a weighted row,
       else unstated; or a ``Quant``, or None); ``ops`` only for a pattern a plugin contributes."""
 
     pattern: str
@@ -44,7 +46,7 @@ class Rule:
     output: str | Quant = "float"
     fused: bool | None = None
     input_from: str | None = None
-    notes: str = ""
+    notes: str | Mapping[Mode, str] = ""
     ops: tuple[str, ...] = field(default=())
     bias: Quant | str | None = "auto"
 
@@ -63,17 +65,23 @@ class Rule:
         return Mode(mode) in self.modes and (self.option is None or self.option in options)
 
     def capability(
-        self, mode: Mode | str, quantizer: str, activation: TensorQuant | None, weight: TensorQuant | None = None
+        self, mode: Mode | str, quantizer: str, activation: TensorQuant | None, weight: Any = None
     ) -> Capability:
-        """The row as a :class:`~quantweave.Capability` in ``mode``."""
+        """The row as a :class:`~quantweave.Capability` in ``mode``. ``weight`` is a
+        :class:`~quantweave.TensorQuant`, or a callable ``weight(rule) -> TensorQuant | None``
+        for a table whose rows quantize their weights differently."""
+        mode = Mode(mode)
+        if callable(weight) and not isinstance(weight, TensorQuant):
+            weight = weight(self)
         if isinstance(self.output, Quant):
             output = self.output
         elif self.output == "shared":
             output = Quant.shared(0)
-        elif self.output == "quantized" and activation is not None:
+        elif self.output == "quantized" and activation is not None and mode is not Mode.DYNAMIC:
             output = Quant.quantized(activation)
         else:
             output = FLOAT
+        notes = self.notes if isinstance(self.notes, str) else self.notes.get(mode, "")
         return Capability(
             self.pattern,
             Mode(mode),
@@ -81,7 +89,7 @@ class Rule:
             weight if self.weighted else None,
             quantizer=quantizer,
             ops=self.ops,
-            notes=self.notes,
+            notes=notes,
             output=output,
             bias=(FLOAT if self.weighted else None) if self.bias == "auto" else _quant_or_none(self.bias),
             fused=self.fused,
@@ -155,10 +163,12 @@ class RuleTable:
         self,
         mode: Mode | str,
         activation: TensorQuant | None,
-        weight: TensorQuant | None = None,
+        weight: Any = None,
         options: Collection[str] = (),
     ) -> tuple[Capability, ...]:
-        """The declaration: one :class:`~quantweave.Capability` per row that applies."""
+        """The declaration: one :class:`~quantweave.Capability` per row that applies
+        (``weight``: a :class:`~quantweave.TensorQuant` or ``weight(rule)``, as in
+        :meth:`Rule.capability`)."""
         return tuple(
             r.capability(mode, self.quantizer, activation, weight) for r in self.rules if r.applies(mode, options)
         )
