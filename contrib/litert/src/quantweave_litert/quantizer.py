@@ -34,12 +34,14 @@ from quantweave.authoring import (
     Rule,
     RuleTable,
     activation_observer,
+    annotate_input_qspec_map,
+    annotate_output_qspec,
     calls,
     is_float_tensor,
     only_user,
     weight_observer,
 )
-from quantweave.plugin_api import Capability, Mode, Quant, TensorQuant, mark_annotated, set_skip_reason
+from quantweave.plugin_api import Capability, Mode, Quant, TensorQuant, is_annotated, mark_annotated, set_skip_reason
 
 __all__ = ["CAPABILITIES", "FIXED_SCALE", "FIXED_ZERO_POINT", "LiteRTQuantizer", "LiteRTConversionMode"]
 
@@ -148,7 +150,7 @@ class LiteRTQuantizer(qw.Quantizer):
         self._quantized = set()
         try:
             for node in list(model.graph.nodes):
-                if node.op == "call_function" and not qw.is_annotated(node):
+                if node.op == "call_function" and not is_annotated(node):
                     self._annotate_node(node)
         finally:
             self._quantized = set()  # hold no reference to the graph
@@ -173,15 +175,15 @@ class LiteRTQuantizer(qw.Quantizer):
             set_skip_reason(node, "litert: needs a float32 input and a weight tensor")
             return
         assert isinstance(x, Node)
-        qw.annotate_input_qspec_map(node, x, self._input_spec(x))
-        qw.annotate_input_qspec_map(node, weight, self.weight)
+        annotate_input_qspec_map(node, x, self._input_spec(x))
+        annotate_input_qspec_map(node, weight, self.weight)
         relu = _only_user(node, _RELU)
-        if relu is not None and not qw.is_annotated(relu):
-            qw.annotate_output_qspec(relu, self.act)  # fused activation: conv/linear -> relu unquantized
+        if relu is not None and not is_annotated(relu):
+            annotate_output_qspec(relu, self.act)  # fused activation: conv/linear -> relu unquantized
             mark_annotated([node, relu])
             self._quantized.add(relu)
         else:
-            qw.annotate_output_qspec(node, self.act)
+            annotate_output_qspec(node, self.act)
             mark_annotated(node)
             self._quantized.add(node)
 
@@ -190,7 +192,7 @@ class LiteRTQuantizer(qw.Quantizer):
         if not (isinstance(weight, Node) and is_float_tensor(weight)):
             set_skip_reason(node, "litert (dynamic): needs a float32 weight tensor")
             return
-        qw.annotate_input_qspec_map(node, weight, self.weight)
+        annotate_input_qspec_map(node, weight, self.weight)
         mark_annotated(node)
 
     def _binary(self, node: Node) -> None:
@@ -200,14 +202,14 @@ class LiteRTQuantizer(qw.Quantizer):
             return
         for operand in dict.fromkeys(operands):
             assert isinstance(operand, Node)
-            qw.annotate_input_qspec_map(node, operand, self._input_spec(operand))
+            annotate_input_qspec_map(node, operand, self._input_spec(operand))
         relu = _only_user(node, _RELU) if node.target in _ADD else None
-        if relu is not None and not qw.is_annotated(relu):
-            qw.annotate_output_qspec(relu, self.act)
+        if relu is not None and not is_annotated(relu):
+            annotate_output_qspec(relu, self.act)
             mark_annotated([node, relu])
             self._quantized.add(relu)
         else:
-            qw.annotate_output_qspec(node, self.act)
+            annotate_output_qspec(node, self.act)
             mark_annotated(node)
             self._quantized.add(node)
 
@@ -219,13 +221,13 @@ class LiteRTQuantizer(qw.Quantizer):
         first = inputs[0]
         assert isinstance(first, Node)
         # LiteRT's CONCATENATION: every input and the output share one set of qparams
-        qw.annotate_input_qspec_map(node, first, self._input_spec(first))
+        annotate_input_qspec_map(node, first, self._input_spec(first))
         shared = qw.SharedQuantizationSpec((first, node))
         for other in dict.fromkeys(inputs[1:]):
             if other is not first:
                 assert isinstance(other, Node)
-                qw.annotate_input_qspec_map(node, other, shared)
-        qw.annotate_output_qspec(node, shared)
+                annotate_input_qspec_map(node, other, shared)
+        annotate_output_qspec(node, shared)
         mark_annotated(node)
         self._quantized.add(node)
 
@@ -235,8 +237,8 @@ class LiteRTQuantizer(qw.Quantizer):
             set_skip_reason(node, "litert: needs a float32 input")
             return
         assert isinstance(x, Node)
-        qw.annotate_input_qspec_map(node, x, self._input_spec(x))
-        qw.annotate_output_qspec(node, self.fixed)  # LOGISTIC / SOFTMAX: scale 1/256, zero point -128
+        annotate_input_qspec_map(node, x, self._input_spec(x))
+        annotate_output_qspec(node, self.fixed)  # LOGISTIC / SOFTMAX: scale 1/256, zero point -128
         mark_annotated(node)
         self._quantized.add(node)
 
@@ -246,8 +248,8 @@ class LiteRTQuantizer(qw.Quantizer):
             reason = f"litert: {node.target} keeps its input's qparams, and its input is not quantized by litert"
             set_skip_reason(node, reason)
             return
-        qw.annotate_input_qspec_map(node, x, qw.SharedQuantizationSpec(x))
-        qw.annotate_output_qspec(node, qw.SharedQuantizationSpec((x, node)))
+        annotate_input_qspec_map(node, x, qw.SharedQuantizationSpec(x))
+        annotate_output_qspec(node, qw.SharedQuantizationSpec((x, node)))
         mark_annotated(node)
         self._quantized.add(node)
 

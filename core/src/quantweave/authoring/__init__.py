@@ -15,9 +15,22 @@ third party would. See docs/authoring.md for examples. This module only re-expor
 - float reasons: :func:`mark_float`, :func:`explain_float`, :func:`has_skip_reason`,
   :func:`in_place_reason`;
 - rule tables: :class:`Rule`, :class:`RuleTable`;
-- packaging: :func:`lazy_exports` (the lazy ``__init__`` of a plugin package).
+- packaging: :func:`lazy_exports` (the lazy ``__init__`` of a plugin package);
+- annotating (PT2E's helpers, formerly at ``quantweave``'s top level):
+  :func:`annotate_input_qspec_map`, :func:`annotate_output_qspec`,
+  :func:`get_input_act_qspec`, :func:`get_output_act_qspec`, :func:`get_weight_qspec`,
+  :func:`get_bias_qspec`; lowering: :func:`quantize_ops`, :func:`dequantize_ops`.
 """
 
+from ..annotation import (
+    annotate_input_qspec_map,
+    annotate_output_qspec,
+    get_bias_qspec,
+    get_input_act_qspec,
+    get_output_act_qspec,
+    get_weight_qspec,
+)
+from ..convert import dequantize_ops, quantize_ops
 from .configs import ConfigStage, ConfigStages, check_config, config_key
 from .graph import (
     attr_value,
@@ -47,6 +60,14 @@ __all__ = [
     "Rule",
     "RuleTable",
     "activation_observer",
+    "annotate_input_qspec_map",
+    "annotate_output_qspec",
+    "dequantize_ops",
+    "get_bias_qspec",
+    "get_input_act_qspec",
+    "get_output_act_qspec",
+    "get_weight_qspec",
+    "quantize_ops",
     "attr_value",
     "calls",
     "check_config",

@@ -40,12 +40,21 @@ import torch
 from torch.fx import GraphModule, Node
 
 import quantweave as qw
-from quantweave.authoring import ConfigStage, ConfigStages, attr_value, calls, check_config, tensor_value
+from quantweave.authoring import (
+    ConfigStage,
+    ConfigStages,
+    annotate_input_qspec_map,
+    attr_value,
+    calls,
+    check_config,
+    tensor_value,
+)
 from quantweave.observers import PerChannelMinMaxObserver, PerGroupMinMaxObserver
 from quantweave.plugin_api import (
     ANNOTATION_KEY,
     Capability,
     TensorQuant,
+    is_annotated,
     mark_annotated,
     set_skip_reason,
     warn_unknown_modules,
@@ -243,7 +252,7 @@ class EmbeddingQuantizer(qw.Quantizer):
         warn_unknown_modules(model, "set_module_name", self.module_name_config, quantizer=self.name)
         warn_unknown_modules(model, "set_module_type", self.module_type_config, quantizer=self.name)
         for node in model.graph.nodes:
-            if not calls(node, _EMBEDDING) or qw.is_annotated(node):
+            if not calls(node, _EMBEDDING) or is_annotated(node):
                 continue
             covering = self._config_for(node)
             config = covering.config
@@ -282,6 +291,6 @@ class EmbeddingQuantizer(qw.Quantizer):
                 if _per_row_spec(theirs):
                     spec = qw.SharedQuantizationSpec((table, user))
                     break
-        qw.annotate_input_qspec_map(node, table, spec)
+        annotate_input_qspec_map(node, table, spec)
         mark_annotated(node)
         return None

@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
-from quantweave import MisuseWarning, dequantize_ops, quantize_ops
-from quantweave.authoring import copy_for_rewrite, finish_rewrite
+from quantweave import MisuseWarning
+from quantweave.authoring import copy_for_rewrite, dequantize_ops, finish_rewrite, quantize_ops
 
 __all__ = ["LoweredModule", "cpu_needs_reduce_range", "lower"]
 
