@@ -13,7 +13,7 @@ import warnings
 from typing import Any
 
 #: The release in which the aliases below are removed.
-REMOVED_IN = "0.3"
+REMOVED_IN = "0.2"
 
 #: name -> the module it now lives in
 MOVED: dict[str, str] = {
