@@ -177,15 +177,7 @@ class LiteRTQuantizer(qw.Quantizer):
         assert isinstance(x, Node)
         annotate_input_qspec_map(node, x, self._input_spec(x))
         annotate_input_qspec_map(node, weight, self.weight)
-        relu = _only_user(node, _RELU)
-        if relu is not None and not is_annotated(relu):
-            annotate_output_qspec(relu, self.act)  # fused activation: conv/linear -> relu unquantized
-            mark_annotated([node, relu])
-            self._quantized.add(relu)
-        else:
-            annotate_output_qspec(node, self.act)
-            mark_annotated(node)
-            self._quantized.add(node)
+        self._quantize_output(node, _only_user(node, _RELU))
 
     def _weight_only(self, node: Node) -> None:
         weight = node.args[1] if len(node.args) > 1 else None
@@ -203,7 +195,11 @@ class LiteRTQuantizer(qw.Quantizer):
         for operand in dict.fromkeys(operands):
             assert isinstance(operand, Node)
             annotate_input_qspec_map(node, operand, self._input_spec(operand))
-        relu = _only_user(node, _RELU) if node.target in _ADD else None
+        self._quantize_output(node, _only_user(node, _RELU) if node.target in _ADD else None)
+
+    def _quantize_output(self, node: Node, relu: Node | None) -> None:
+        """Quantize ``node``'s output, or, with a free ``relu`` as its only user, the relu's
+        (a fused activation: the tensor between them stays unquantized)."""
         if relu is not None and not is_annotated(relu):
             annotate_output_qspec(relu, self.act)
             mark_annotated([node, relu])

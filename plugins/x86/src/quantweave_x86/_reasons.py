@@ -10,35 +10,19 @@ from torch.fx import Node
 from quantweave.authoring import describe_node, is_float_tensor, op_name
 from quantweave.plugin_api import ANNOTATED_BY_KEY, ANNOTATION_KEY, is_annotated
 
+from . import _ops as ops
 from ._annotate import X86Annotation, ends_quantized_pattern
-from ._ops import (
-    ADD,
-    BATCH_NORM,
-    CAT,
-    CONV1D,
-    CONV2D,
-    CONV_UNARY,
-    FLATTEN,
-    LINEAR,
-    MATMUL,
-    MUL,
-    PADDING_CONVS,
-    PROPAGATE,
-    QUANTIZABLE,
-    RELU,
-    WEIGHTED_OPS,
-)
 from ._padding import padding_of, why_padding_conv_float
 
 # activations (and batch norm) x86 quantizes only fused after a producer: op -> (producers, in words)
 _FUSES_AFTER: dict[Any, tuple[tuple[Any, ...], str]] = {
-    **dict.fromkeys(RELU, ((CONV1D, CONV2D, LINEAR, *ADD), "conv1d, conv2d, linear, or their add")),
-    **dict.fromkeys(tuple(t for t in CONV_UNARY if t not in RELU), ((CONV2D,), "conv2d")),
+    **dict.fromkeys(ops.RELU, ((ops.CONV1D, ops.CONV2D, ops.LINEAR, *ops.ADD), "conv1d, conv2d, linear, or their add")),
+    **dict.fromkeys(tuple(t for t in ops.CONV_UNARY if t not in ops.RELU), ((ops.CONV2D,), "conv2d")),
     **dict.fromkeys(
         (torch.ops.aten.leaky_relu.default, torch.ops.aten.tanh.default, torch.ops.aten.gelu.default),
-        ((LINEAR,), "linear"),
+        ((ops.LINEAR,), "linear"),
     ),
-    BATCH_NORM: ((CONV2D,), "conv2d (QAT; in post-training batch norm is folded into the conv)"),
+    ops.BATCH_NORM: ((ops.CONV2D,), "conv2d (QAT; in post-training batch norm is folded into the conv)"),
 }
 
 
@@ -60,17 +44,17 @@ def what_is(node: Node) -> str:
 
 
 def why_weighted(node: Node) -> str | None:
-    if node.target not in WEIGHTED_OPS:
+    if node.target not in ops.WEIGHTED_OPS:
         return None
     return f"{op_name(node)} was not matched by an x86 pattern (its input or weight is not a graph tensor)"
 
 
 def why_add(node: Node) -> str | None:
-    if node.target not in ADD:
+    if node.target not in ops.ADD:
         return None
     rule = "add is quantized by x86 only fused after a conv2d or linear whose only user it is (conv2d_add, linear_add)"
     inputs = [a for a in node.args[:2] if isinstance(a, Node)]
-    fusable = [a for a in inputs if a.target in (CONV2D, LINEAR, BATCH_NORM)]
+    fusable = [a for a in inputs if a.target in (ops.CONV2D, ops.LINEAR, ops.BATCH_NORM)]
     if len(inputs) < 2:
         return f"{rule}; here one operand is not a tensor"
     if not fusable:
@@ -92,7 +76,7 @@ def why_fused(node: Node) -> str | None:
     first = node.args[0] if node.args else None
     if not isinstance(first, Node):
         return f"{rule}; its input is not a graph tensor"
-    if first.target in PADDING_CONVS and padding_of(first) is None:
+    if first.target in ops.PADDING_CONVS and padding_of(first) is None:
         return f"{rule}; here it follows {describe_node(first)}, which stays float: {why_padding_conv_float(first)}"
     if first.target not in producers:
         return f"{rule}; here it follows {describe_node(first)}"
@@ -102,7 +86,7 @@ def why_fused(node: Node) -> str | None:
 
 
 def why_two_inputs(node: Node) -> str | None:
-    if node.target not in (MUL, MATMUL):
+    if node.target not in (ops.MUL, ops.MATMUL):
         return None
     op = op_name(node)
     if len(node.args) != 2 or not all(is_float_tensor(a) for a in node.args):
@@ -113,7 +97,7 @@ def why_two_inputs(node: Node) -> str | None:
         return f"{op} is quantized by x86 only between two tensors; here an operand is a scalar or constant"
     a, b = node.args
     assert isinstance(a, Node) and isinstance(b, Node)
-    if node.target == MUL and a.meta["val"].shape != b.meta["val"].shape:
+    if node.target == ops.MUL and a.meta["val"].shape != b.meta["val"].shape:
         return f"mul is quantized by x86 only for inputs of the same shape; here {tuple(a.meta['val'].shape)} " + (
             f"x {tuple(b.meta['val'].shape)} (broadcast)"
         )
@@ -122,16 +106,16 @@ def why_two_inputs(node: Node) -> str | None:
 
 def why_propagated(node: Node) -> str | None:
     """Pooling, cat and flatten: quantized only after one of x86's own patterns."""
-    if node.target not in PROPAGATE:
+    if node.target not in ops.PROPAGATE:
         return None
-    if node.target == CAT:
+    if node.target == ops.CAT:
         for i in node.all_input_nodes:
             if not ends_quantized_pattern(i):
                 return (
                     "cat is quantized by x86 only when every input is the output of a quantized x86 pattern; "
                     f"here {what_is(i)}"
                 )
-    if node.target == FLATTEN and node.users and not any(u.target in QUANTIZABLE for u in node.users):
+    if node.target == ops.FLATTEN and node.users and not any(u.target in ops.QUANTIZABLE for u in node.users):
         return "not followed by a quantized consumer (x86 quantizes flatten only when a conv / linear / mul uses it)"
     if node.all_input_nodes:
         first = node.all_input_nodes[0]
