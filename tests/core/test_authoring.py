@@ -334,3 +334,16 @@ def test_rule_declares_per_mode_notes_per_row_weights_and_no_own_dynamic_output(
     assert dynamic.output == FLOAT and dynamic.notes == "dynamic: 2-D weights only"
     with pytest.raises(ValueError, match="bias"):
         kit.Rule("linear", bias="float")
+
+
+def test_config_stages_take_a_backends_own_config_class(gm):
+    class TableConfig:
+        pass
+
+    mine = TableConfig()
+    stages = kit.ConfigStages(mine, config_type=TableConfig)
+    stages.set_module_type(Block, None)
+    assert stages.covering(_node(gm, aten.linear.default)).description == "module type Block"
+    assert stages.covering(_node(gm, aten.mul.Tensor)).config is mine
+    with pytest.raises(TypeError, match=r"set_module_name: expected a TableConfig or None; got QuantizationConfig"):
+        stages.set_module_name("block", _config())
