@@ -1,18 +1,21 @@
 """quantweave: PT2E quantization on public torch, with composable quantizer plugins.
 
-This module only re-exports. The plugin loader (:mod:`quantweave.registry`, which imports
-pluggy) is imported on first use of one of its names, so ``import quantweave`` and
+This module is the users' API (prepare, calibrate, convert, save / load, report, compare,
+get_quantizer, compose, fallback, the annotation spec classes, the errors) and only
+re-exports. Plugin authors import :mod:`quantweave.plugin_api` (the contract) and
+:mod:`quantweave.authoring` (the kit); test authors :mod:`quantweave.testing`. Names that
+used to be here for them still resolve, with a DeprecationWarning naming the new home
+(``quantweave._modules.surface.MOVED``). The plugin loader (:mod:`quantweave.registry`, which
+imports pluggy) is imported on first use of one of its names, so ``import quantweave`` and
 ``import quantweave.plugin_api`` import no plugin and no plugin manager.
 """
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ._modules.surface import moved
 from ._modules.version import __version__ as __version__
 from .annotation import (
-    ANNOTATED_BY_KEY,
-    ANNOTATION_KEY,
-    SKIP_REASON_KEY,
     DerivedQuantizationSpec,
     EdgeOrNode,
     FixedQParamsQuantizationSpec,
@@ -21,20 +24,10 @@ from .annotation import (
     QuantizationSpec,
     QuantizationSpecBase,
     SharedQuantizationSpec,
-    annotate_input_qspec_map,
-    annotate_output_qspec,
-    get_bias_qspec,
-    get_input_act_qspec,
-    get_output_act_qspec,
-    get_weight_qspec,
-    is_annotated,
-    mark_annotated,
-    set_skip_reason,
 )
 from .calibration import CalibrationResult, calibrate
-from .capabilities import FLOAT, Capability, Mode, Quant, TensorQuant
 from .compose import ComposableQuantizer
-from .convert import convert_pt2e, dequantize_ops, quantize_ops
+from .convert import convert_pt2e
 from .errors import (
     AnnotationConflictError,
     AnnotationError,
@@ -51,7 +44,6 @@ from .errors import (
 )
 from .fallback import FallbackResult, LeaveFloat, fallback
 from .numerics import NumericsReport, compare
-from .plugin_api import QuantizerInfo, hookimpl
 from .prepare import prepare_pt2e, prepare_qat_pt2e
 from .quantizer import Quantizer
 from .report import annotation_report
@@ -59,79 +51,62 @@ from .serialize import load, save
 from .training import allow_exported_model_train_eval, move_exported_model_to_eval, move_exported_model_to_train
 
 if TYPE_CHECKING:
-    from .registry import PluginManager, get_quantizer, plugins, quantization_capabilities
+    from .registry import get_quantizer, plugins, quantization_capabilities
 
-_LAZY = {name: "registry" for name in ("PluginManager", "get_quantizer", "plugins", "quantization_capabilities")}
+_LAZY = {name: "registry" for name in ("get_quantizer", "plugins", "quantization_capabilities")}
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return moved(name)
 
 
 __all__ = [
-    "ANNOTATED_BY_KEY",
-    "ANNOTATION_KEY",
-    "SKIP_REASON_KEY",
-    "mark_annotated",
-    "set_skip_reason",
-    "AnnotationConflictError",
-    "AnnotationError",
-    "ComposableQuantizer",
-    "annotation_report",
-    "compare",
-    "fallback",
-    "FallbackResult",
-    "LeaveFloat",
-    "NumericsReport",
-    "Capability",
-    "FLOAT",
-    "Mode",
-    "Quant",
-    "PluginError",
-    "PluginManager",
-    "PluginWarning",
-    "MisuseWarning",
-    "CalibrationInputError",
-    "NonFiniteDataError",
-    "QuantizerInfo",
-    "TensorQuant",
-    "UnknownQuantizerError",
+    # the flow
+    "prepare_pt2e",
+    "prepare_qat_pt2e",
+    "calibrate",
+    "CalibrationResult",
+    "convert_pt2e",
+    "save",
+    "load",
+    "allow_exported_model_train_eval",
+    "move_exported_model_to_eval",
+    "move_exported_model_to_train",
+    # quantizers: from plugins, composed, or written
     "get_quantizer",
-    "hookimpl",
     "plugins",
     "quantization_capabilities",
-    "ConvertError",
-    "DerivedQuantizationSpec",
-    "EdgeOrNode",
-    "FixedQParamsQuantizationSpec",
-    "ObserverNotCalibratedError",
+    "ComposableQuantizer",
+    "Quantizer",
+    # what to quantize how (the PT2E annotation spec classes)
     "QuantizationAnnotation",
     "QuantizationConfig",
     "QuantizationSpec",
     "QuantizationSpecBase",
-    "Quantizer",
+    "FixedQParamsQuantizationSpec",
     "SharedQuantizationSpec",
-    "SharingError",
-    "annotate_input_qspec_map",
-    "annotate_output_qspec",
-    "convert_pt2e",
-    "dequantize_ops",
-    "quantize_ops",
-    "get_bias_qspec",
-    "get_input_act_qspec",
-    "get_output_act_qspec",
-    "get_weight_qspec",
-    "is_annotated",
-    "allow_exported_model_train_eval",
-    "move_exported_model_to_eval",
-    "move_exported_model_to_train",
-    "prepare_pt2e",
-    "prepare_qat_pt2e",
-    "CalibrationResult",
+    "DerivedQuantizationSpec",
+    "EdgeOrNode",
+    # what happened, and what to do about it
+    "annotation_report",
+    "compare",
+    "NumericsReport",
+    "fallback",
+    "FallbackResult",
+    "LeaveFloat",
+    # errors
+    "AnnotationConflictError",
+    "AnnotationError",
+    "CalibrationInputError",
+    "ConvertError",
+    "MisuseWarning",
+    "NonFiniteDataError",
+    "ObserverNotCalibratedError",
+    "PluginError",
+    "PluginWarning",
     "SerializationError",
-    "calibrate",
-    "load",
-    "save",
+    "SharingError",
+    "UnknownQuantizerError",
 ]

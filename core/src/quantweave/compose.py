@@ -147,7 +147,7 @@ class ComposableQuantizer(Quantizer):
                 raise AnnotationConflictError(
                     f"quantizer {label!r} {what} the annotation that quantizer {owner!r} made on node "
                     f"{node.name!r} ({describe_change(value, after)}); a later quantizer must skip nodes an earlier "
-                    f"one annotated (check quantweave.is_annotated){hint}"
+                    f"one annotated (check quantweave.plugin_api.is_annotated){hint}"
                 )
             # a hosted (torchao) member's annotations, also through a wrapper: later members read and
             # write quantweave's classes (translation leaves quantweave's own annotations as they are)

@@ -28,6 +28,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 import quantweave as qw
+from quantweave.authoring import dequantize_ops, module_attr, quantize_ops
 
 from .quantizer import LiteRTQuantizer
 
@@ -77,26 +78,19 @@ def _is_constant(node: Any, cache: dict[Node, bool]) -> bool:
     return cache[node]
 
 
-def _attr(gm: torch.nn.Module, target: str) -> Any:
-    value: Any = gm
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
-
-
 def conversion_mode(converted: GraphModule) -> bool:
     """True (dynamic) when no activation is quantized in ``converted`` (only weights are:
     LiteRT's dynamic-range conversion), False (static) otherwise. Raises ``ValueError`` when
     nothing is quantized, or when weights are folded (stored as int8)."""
-    quantize_ops, dequantize_ops = qw.quantize_ops(), qw.dequantize_ops()
+    quantize, dequantize = quantize_ops(), dequantize_ops()
     cache: dict[Node, bool] = {}
     activations = weights = 0
     for node in converted.graph.nodes:
         if node.op != "call_function":
             continue
         source = node.args[0] if node.args else None
-        if node.target in dequantize_ops and isinstance(source, Node) and source.op == "get_attr":
-            value = _attr(converted, str(source.target))
+        if node.target in dequantize and isinstance(source, Node) and source.op == "get_attr":
+            value = module_attr(converted, str(source.target))
             if isinstance(value, torch.Tensor) and not value.is_floating_point():
                 raise ValueError(
                     f"to_tflite: {node.name!r} dequantizes the stored {value.dtype} tensor {source.target!r}: the "
@@ -104,7 +98,7 @@ def conversion_mode(converted: GraphModule) -> bool:
                     "('stablehlo.uniform_dequantize' expects a quantized type). Convert with "
                     "quantweave.convert_pt2e(prepared, fold_quantize=False)"
                 )
-        if node.target in quantize_ops:
+        if node.target in quantize:
             if _is_constant(source, cache):
                 weights += 1
             else:
