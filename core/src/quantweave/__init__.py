@@ -34,6 +34,7 @@ from .calibration import CalibrationResult, calibrate
 from .capabilities import FLOAT, Capability, Mode, Quant, TensorQuant
 from .compose import ComposableQuantizer
 from .convert import convert_pt2e, dequantize_ops, quantize_ops
+from ._modules.deprecated_module import alias_module
 from .errors import (
     AnnotationConflictError,
     AnnotationError,
@@ -48,7 +49,7 @@ from .errors import (
     SharingError,
     UnknownQuantizerError,
 )
-from .fallback import FallbackResult, LeaveFloat, fallback
+from .float_fallback import FallbackResult, LeaveFloat, fallback
 from .numerics import NumericsReport, compare
 from .plugin_api import QuantizerInfo, hookimpl
 from .prepare import prepare_pt2e, prepare_qat_pt2e
@@ -61,6 +62,8 @@ if TYPE_CHECKING:
     from .registry import PluginManager, get_quantizer, plugins, quantization_capabilities
 
 __version__ = "0.1.1"
+
+alias_module(f"{__name__}.fallback", f"{__name__}.float_fallback", until="0.3")  # the module's old name
 
 _LAZY = {name: "registry" for name in ("PluginManager", "get_quantizer", "plugins", "quantization_capabilities")}
 

@@ -30,6 +30,7 @@ from ._modules.graph import (
     remap_annotations,
     set_attr_value,
 )
+from ._modules.explained_guards import explain_guards
 from ._modules.misuse import PREPARED_KEY, check_prepare_input
 from ._modules.per_token import mark_per_token_observers
 from ._modules.prepare_rules import drop_in_place_destinations, map_subgraphs
@@ -125,7 +126,7 @@ def _prepare(model: GraphModule, quantizer: Quantizer, is_qat: bool) -> GraphMod
     check_observers(observers, lambda key: _label(key, quantizer))
     _insert_observers(gm, drop_in_place_destinations(observers))  # a written buffer is written itself
     gm.meta[PREPARED_KEY] = api
-    return disallow_eval_train(rebuild(gm))
+    return disallow_eval_train(explain_guards(rebuild(gm)))  # a batch of another size: how to export for it
 
 
 def _own_tensors(gm: GraphModule) -> None:

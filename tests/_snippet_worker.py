@@ -1,0 +1,35 @@
+"""Run documentation snippets (tests/test_snippets.py): reads a JSON list of blocks
+``{"id": "README.md:39", "code": ..., "continues": bool}`` on standard input, runs each in
+a fresh namespace (or, with ``continues``, in the previous block's), from the current
+directory, and prints one JSON line: ``{id: {} | {"error": traceback}}``. A block after a
+failed one it continues is reported as not run."""
+
+import json
+import sys
+import traceback
+
+
+def main() -> None:
+    blocks = json.loads(sys.stdin.read())
+    results: dict[str, dict[str, str]] = {}
+    namespace: dict[str, object] = {}
+    failed = False
+    for block in blocks:
+        if not block["continues"]:
+            namespace, failed = {"__name__": "__main__"}, False
+        elif failed:
+            results[block["id"]] = {"error": "not run: the block it continues failed"}
+            continue
+        try:
+            exec(compile(block["code"], block["id"], "exec"), namespace)  # noqa: S102 - the documentation's own code
+        except BaseException:  # noqa: BLE001 - report every failure, SystemExit included
+            failed = True
+            results[block["id"]] = {"error": traceback.format_exc()}
+        else:
+            results[block["id"]] = {}
+    sys.stdout.flush()
+    print("\n" + json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
