@@ -1,9 +1,9 @@
 """Every fenced ```python / ```bash block of README.md, docs/*.md and each plugin's README runs
 as written (issue #26), so a snippet that stops running fails CI.
 
-- Python blocks run in a subprocess, from a fresh temporary directory: one subprocess per
-  document (and runtime), each block in a fresh namespace (``__name__ == "__main__"``);
-  tests/_snippet_worker.py runs them and reports each block.
+- Python blocks run in a subprocess, from a fresh temporary directory: one subprocess for
+  all the blocks of a runtime (torch is imported once), each block in a fresh namespace
+  (``__name__ == "__main__"``); tests/_snippet_worker.py runs them and reports each block.
 - Shell blocks are checked for form and run only where that is safe: ``quantweave ...``
   commands run (``[optional]`` parts dropped; all of a run in one subprocess), ``pip install``
   lines are checked (torch pinned, local paths exist), ``python FILE --opt``, ``pytest PATH``,
@@ -111,17 +111,18 @@ def _param(block: Block):
 
 # -- python blocks ----------------------------------------------------------------------------
 
-_RESULTS: dict[tuple[str, str | None], dict[str, dict[str, str]]] = {}
+_RESULTS: dict[str | None, dict[str, dict[str, str]]] = {}
 
 
-def _run_python(doc: str, runtime: str | None) -> dict[str, dict[str, str]]:
-    """Run the python blocks of ``doc`` for ``runtime`` in one subprocess; results by block id."""
-    key = (doc, runtime)
+def _run_python(runtime: str | None) -> dict[str, dict[str, str]]:
+    """Run the python blocks of ``runtime`` (None: no runtime) in one subprocess, in document
+    order; results by block id."""
+    key = runtime
     if key not in _RESULTS:
         group = [
             {"id": b.id, "code": b.code, "continues": b.continues}
             for b in ALL
-            if b.doc == doc and b.language == "python" and b.runtime == runtime and b.skip is None
+            if b.language == "python" and b.runtime == runtime and b.skip is None
         ]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -146,7 +147,7 @@ def _run_python(doc: str, runtime: str | None) -> dict[str, dict[str, str]]:
 def test_python_snippet_runs(block: Block):
     if block.skip is not None:
         pytest.skip(f"{block.id}: {block.skip}")
-    result = _run_python(block.doc, block.runtime).get(block.id)
+    result = _run_python(block.runtime).get(block.id)
     assert result is not None, f"{block.id} was not run"
     assert "error" not in result, f"the python block at {block.id} failed:\n{result['error']}"
 
@@ -224,9 +225,23 @@ def check_command(command: str, where: str, cli: list[list[str]]) -> None:
 _CLI_RESULTS: dict[str, dict[str, str]] = {}
 
 
-def _run_cli(block_id: str, argvs: list[list[str]]) -> dict[str, str]:
-    """Run ``quantweave`` command lines in one subprocess; result by command line."""
-    if block_id not in _CLI_RESULTS:
+def _cli_lines(runtime: str | None) -> list[list[str]]:
+    lines: list[list[str]] = []
+    for block in ALL:
+        if block.language == "shell" and block.runtime == runtime and block.skip is None:
+            for command in commands_of(block.code):
+                words = _words(command)
+                if Path(words[0]).name == "quantweave":
+                    lines.append(words[1:])
+    return lines
+
+
+def _run_cli(runtime: str | None) -> dict[str, str]:
+    """Run the ``quantweave`` command lines of every shell block of ``runtime`` in one
+    subprocess; output by command line."""
+    key = str(runtime)
+    if key not in _CLI_RESULTS:
+        argvs = _cli_lines(runtime)
         code = (
             "import contextlib, io, json, sys\n"
             "from quantweave.cli import main\n"
@@ -242,9 +257,9 @@ def _run_cli(block_id: str, argvs: list[list[str]]) -> dict[str, str]:
             proc = subprocess.run(
                 [sys.executable, "-c", code], input=json.dumps(argvs), capture_output=True, text=True, cwd=where
             )
-        assert proc.returncode == 0, f"{block_id}: the quantweave commands failed:\n{proc.stdout}\n{proc.stderr}"
-        _CLI_RESULTS[block_id] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return _CLI_RESULTS[block_id]
+        assert proc.returncode == 0, f"the quantweave commands failed:\n{proc.stdout}\n{proc.stderr}"
+        _CLI_RESULTS[key] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return _CLI_RESULTS[key]
 
 
 @pytest.mark.parametrize("block", [_param(b) for b in ALL if b.language == "shell"])
@@ -254,9 +269,10 @@ def test_shell_snippet_is_well_formed_and_its_commands_run(block: Block):
     cli: list[list[str]] = []
     for command in commands_of(block.code):
         check_command(command, f"{block.id} `{command}`", cli)
-    if cli:
-        for line, output in _run_cli(block.id, cli).items():
-            assert output.startswith("exit 0:"), f"{block.id}: `quantweave {line}` failed: {output}"
+    results = _run_cli(block.runtime) if cli else {}
+    for argv in cli:
+        output = results[" ".join(argv)]
+        assert output.startswith("exit 0:"), f"{block.id}: `quantweave {' '.join(argv)}` failed: {output}"
 
 
 # -- the runner itself ------------------------------------------------------------------------

@@ -53,7 +53,7 @@ def test_calibrate_with_no_batches_warns_and_does_not_blame_weight_observers():
 
 
 def test_calibrate_with_batches_does_not_warn():
-    exported, prepared = prepared_model()
+    _, prepared = prepared_model()
     with warnings.catch_warnings():
         warnings.simplefilter("error", qw.MisuseWarning)
         result = qw.calibrate(prepared, [(torch.randn(2, 4),)])
@@ -61,7 +61,7 @@ def test_calibrate_with_batches_does_not_warn():
 
 
 def test_preparing_a_converted_model_says_it_is_converted():
-    exported, prepared = prepared_model()
+    _, prepared = prepared_model()
     prepared(torch.randn(2, 4))
     converted = qw.convert_pt2e(prepared)
     with pytest.raises(ValueError, match="already converted") as info:

@@ -8,6 +8,7 @@ pluggy) is imported on first use of one of its names, so ``import quantweave`` a
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ._modules.deprecated_module import alias_module
 from .annotation import (
     ANNOTATED_BY_KEY,
     ANNOTATION_KEY,
@@ -34,7 +35,6 @@ from .calibration import CalibrationResult, calibrate
 from .capabilities import FLOAT, Capability, Mode, Quant, TensorQuant
 from .compose import ComposableQuantizer
 from .convert import convert_pt2e, dequantize_ops, quantize_ops
-from ._modules.deprecated_module import alias_module
 from .errors import (
     AnnotationConflictError,
     AnnotationError,

@@ -20,7 +20,8 @@ plugin's distribution.
 and show the numeric debugger (:func:`quantweave.compare`) in the annotation report: every
 node quantized or float (by whom, why), the compared ones with their op / model SQNR and
 max error, worst first. ``MODEL`` is ``path/to/file.py:function`` (its folder first on
-``sys.path`` during the run, as with ``python path/to/file.py``) or ``package.module:function``; the function takes no arguments and returns ``(model,
+``sys.path`` during the run, as with ``python path/to/file.py``) or
+``package.module:function``; the function takes no arguments and returns ``(model,
 batches)``: a float ``nn.Module`` (exported on the first batch, in eval mode) or the
 ``torch.export(...).module()`` GraphModule, and a list of batches (tuples of model
 arguments, or tensors; one tuple is one batch), used to calibrate and then to compare.

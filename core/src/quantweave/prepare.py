@@ -19,6 +19,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ._modules.bn_fold import fold_batch_norm
+from ._modules.explained_guards import explain_guards
 from ._modules.foreign import PT2E_HOOKS, check_observers, translate_annotations
 from ._modules.graph import (
     check_graph_module,
@@ -30,7 +31,6 @@ from ._modules.graph import (
     remap_annotations,
     set_attr_value,
 )
-from ._modules.explained_guards import explain_guards
 from ._modules.misuse import PREPARED_KEY, check_prepare_input
 from ._modules.per_token import mark_per_token_observers
 from ._modules.prepare_rules import drop_in_place_destinations, map_subgraphs

@@ -12,9 +12,12 @@ what it delegated: :class:`Delegation`), :func:`op_name` and :func:`is_plumbing`
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import importlib.util
+import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,14 +52,46 @@ def import_executorch(
     raises :class:`ExecuTorchNotInstalledError` naming ``caller``, the module and how to install
     ExecuTorch (with ``distribution``'s ``executorch`` extra)."""
     try:
-        return importlib.import_module(module)
+        with _quiet_imports():
+            return importlib.import_module(module)
     except ImportError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if missing and missing not in ("executorch", "torchao") and importlib.util.find_spec("executorch"):
+            raise ExecuTorchNotInstalledError(  # ExecuTorch is there: name what it lacks, not ExecuTorch
+                f"{caller}: ExecuTorch is installed, but importing {module} failed: it needs {missing!r}, which is "
+                f"not installed ({exc}). Install it with: pip install {_DISTRIBUTIONS.get(missing, missing)}"
+            ) from exc
         raise ExecuTorchNotInstalledError(
             f"{caller} needs ExecuTorch 1.5.1 ({module} could not be imported: {exc}). Install it with: "
             "pip install --no-deps torchao==0.18.0 executorch==1.5.1 && pip install ruamel.yaml flatbuffers "
             f"tabulate (or `pip install '{distribution}[executorch]'`, which also pulls ExecuTorch's declared but "
             "unused heavy requirements); keep torch==2.13.0"
         ) from exc
+
+
+#: loggers whose import-time lines ExecuTorch's import brings and a user cannot act on: torchao
+#: logs a "Failed to load" line per CUDA kernel library it ships (none load with a CPU torch), and
+#: torch's pytree a deprecation line for an enum torchao registers. Quieted to errors while
+#: :func:`import_executorch` imports, then restored: this is the only place quantweave filters
+#: what a dependency emits; nothing is filtered for the user's own imports or calls.
+QUIET_AT_IMPORT = ("torchao", "torch.utils._pytree")
+
+
+@contextlib.contextmanager
+def _quiet_imports() -> Iterator[None]:
+    loggers = [logging.getLogger(name) for name in QUIET_AT_IMPORT]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(max(logger.getEffectiveLevel(), logging.ERROR))
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+#: the distribution to install for a module ExecuTorch imports (where the names differ)
+_DISTRIBUTIONS = {"ruamel": "ruamel.yaml", "yaml": "pyyaml"}
 
 
 def op_name(node: torch.fx.Node) -> str:
