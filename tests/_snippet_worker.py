@@ -1,12 +1,14 @@
 """Run documentation snippets (tests/test_snippets.py): reads a JSON list of blocks
 ``{"id": "README.md:39", "code": ..., "continues": bool}`` on standard input, runs each in
 a fresh namespace (or, with ``continues``, in the previous block's), from the current
-directory, and prints one JSON line: ``{id: {} | {"error": traceback}}``. A block after a
+directory, and prints one JSON line: ``{id: {"seconds": ...} (+ "error": traceback)}``. A block after a
 failed one it continues is reported as not run."""
 
 import json
 import sys
+import time
 import traceback
+import warnings
 
 
 def main() -> None:
@@ -14,12 +16,15 @@ def main() -> None:
     results: dict[str, dict[str, str]] = {}
     namespace: dict[str, object] = {}
     failed = False
+    filters = list(warnings.filters)
     for block in blocks:
-        if not block["continues"]:
+        if not block["continues"]:  # a fresh start: a block's warning filters do not reach the next
             namespace, failed = {"__name__": "__main__"}, False
+            warnings.filters[:] = filters
         elif failed:
             results[block["id"]] = {"error": "not run: the block it continues failed"}
             continue
+        start = time.perf_counter()
         try:
             exec(compile(block["code"], block["id"], "exec"), namespace)
         except BaseException:  # every failure is reported, SystemExit included
@@ -27,6 +32,7 @@ def main() -> None:
             results[block["id"]] = {"error": traceback.format_exc()}
         else:
             results[block["id"]] = {}
+        results[block["id"]]["seconds"] = f"{time.perf_counter() - start:.1f}"
     sys.stdout.flush()
     print("\n" + json.dumps(results))
 

@@ -94,3 +94,27 @@ def test_without_numpy_the_error_names_numpy_not_executorch(tmp_path):
     assert last.startswith("quantweave_xnnpack.import_executorch") or "ExecuTorchNotInstalledError" in last, last
     assert "'numpy'" in last and "pip install numpy" in last and "ExecuTorch is installed" in last, last
     assert "needs ExecuTorch 1.5.1" not in last
+
+
+@pytest.mark.executorch
+def test_lowering_to_executorch_and_running_prints_no_warning_or_cpuinfo_line(tmp_path):
+    pytest.importorskip("quantweave_xnnpack")
+    code = (
+        "import torch, quantweave as qw, quantweave_xnnpack as qx\n"
+        "model, args = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval(), (torch.randn(2, 8),)\n"
+        "quantizer = qx.XNNPACKQuantizer().set_global(qx.get_symmetric_quantization_config())\n"
+        "prepared = qw.prepare_pt2e(torch.export.export(model, args).module(), quantizer)\n"
+        "qw.calibrate(prepared, [args])\n"
+        "program = qx.to_executorch(qw.convert_pt2e(prepared), args)\n"
+        "print(program.load()(*args)[0].shape)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr
+    noise = [
+        line
+        for line in proc.stderr.splitlines()
+        if "cpuinfo" in line or "Failed to load" in line or ("Warning" in line and "LeafSpec" not in line)
+    ]
+    assert not noise, proc.stderr  # LeafSpec: a deepcopy of a graph, left to the x86 / xnnpack restructuring

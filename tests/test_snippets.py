@@ -149,6 +149,7 @@ def test_python_snippet_runs(block: Block):
         pytest.skip(f"{block.id}: {block.skip}")
     result = _run_python(block.runtime).get(block.id)
     assert result is not None, f"{block.id} was not run"
+    print(f"{block.id}: {result.get('seconds')} s")  # shown with -s / -rA
     assert "error" not in result, f"the python block at {block.id} failed:\n{result['error']}"
 
 
@@ -243,14 +244,17 @@ def _run_cli(runtime: str | None) -> dict[str, str]:
     if key not in _CLI_RESULTS:
         argvs = _cli_lines(runtime)
         code = (
-            "import contextlib, io, json, sys\n"
+            "import contextlib, io, json, sys, time\n"
             "from quantweave.cli import main\n"
             "out = {}\n"
             "for argv in json.loads(sys.stdin.read()):\n"
-            "    buffer = io.StringIO()\n"
+            "    if ' '.join(argv) in out:\n"
+            "        continue\n"
+            "    buffer, start = io.StringIO(), time.perf_counter()\n"
             "    with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):\n"
             "        status = main(argv)\n"
-            "    out[' '.join(argv)] = f'exit {status}: ' + buffer.getvalue()[-2000:]\n"
+            "    seconds = time.perf_counter() - start\n"
+            "    out[' '.join(argv)] = f'exit {status}: ({seconds:.1f} s) ' + buffer.getvalue()[-2000:]\n"
             "print(json.dumps(out))\n"
         )
         with tempfile.TemporaryDirectory(prefix="quantweave-snippets-") as where:
@@ -273,6 +277,7 @@ def test_shell_snippet_is_well_formed_and_its_commands_run(block: Block):
     for argv in cli:
         output = results[" ".join(argv)]
         assert output.startswith("exit 0:"), f"{block.id}: `quantweave {' '.join(argv)}` failed: {output}"
+        print(f"{block.id}: quantweave {' '.join(argv)}: {output[8:22]}")  # its time, shown with -s
 
 
 # -- the runner itself ------------------------------------------------------------------------

@@ -158,8 +158,11 @@ def _int32_weight_zero_points(model: GraphModule) -> GraphModule:
         if n.op == "call_function" and n.target == dequantize and isinstance(n.args[2], Node)
         if n.args[2].op == "get_attr" and "." not in str(n.args[2].target)
     }
-    values = {t: getattr(model, t, None) for t in sorted(targets)}
-    values = {t: v for t, v in values.items() if isinstance(v, torch.Tensor) and v.dtype == torch.int64}
+    values: dict[str, torch.Tensor] = {}
+    for target in sorted(targets):
+        value = getattr(model, target, None)
+        if isinstance(value, torch.Tensor) and value.dtype == torch.int64:
+            values[target] = value
     if not values:
         return model
     rewritten = GraphModule(model, model.graph)  # the graph is not changed: shared

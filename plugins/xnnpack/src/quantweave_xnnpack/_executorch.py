@@ -16,6 +16,9 @@ import contextlib
 import importlib
 import importlib.util
 import logging
+import os
+import sys
+import tempfile
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -182,7 +185,8 @@ class ExecuTorchProgram:
     def load(self) -> LoadedProgram:
         """Load the program on the ExecuTorch runtime (``executorch.runtime``)."""
         runtime = import_executorch("executorch.runtime", caller="ExecuTorchProgram.load")
-        return LoadedProgram(runtime.Runtime.get().load_program(self.buffer))
+        with _quiet_native_lines():
+            return LoadedProgram(runtime.Runtime.get().load_program(self.buffer))
 
     def save(self, path: str) -> None:
         with open(path, "wb") as f:
@@ -198,9 +202,47 @@ class LoadedProgram:
     def __init__(self, program: Any) -> None:
         self._program = program
         self._method = program.load_method("forward")
+        self._first = True
 
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
+        if self._first:  # the runtime's thread pool starts on the first call
+            self._first = False
+            with _quiet_native_lines():
+                return list(self._method.execute(list(inputs)))
         return list(self._method.execute(list(inputs)))
+
+
+#: lines ExecuTorch's runtime writes to the process's standard error (from C++) when its thread
+#: pool starts, about reading CPU registers that do not exist on x86 -- nothing a user can act on
+NATIVE_NOISE = ("[cpuinfo_utils.cpp:",)
+
+
+@contextlib.contextmanager
+def _quiet_native_lines() -> Iterator[None]:
+    """Run with file descriptor 2 sent to a temporary file; then write back to standard error
+    every line but :data:`NATIVE_NOISE`'s (errors and anything else the runtime says stay)."""
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # no real stderr (a notebook, a test capture)
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), fd)
+        try:
+            yield
+        finally:
+            os.dup2(saved, fd)
+            os.close(saved)
+            captured.seek(0)
+            kept = [line for line in captured.read().splitlines(keepends=True) if not line.startswith(NATIVE_NOISE_B)]
+            if kept:
+                sys.stderr.flush()
+                os.write(fd, b"".join(kept))
+
+
+NATIVE_NOISE_B = tuple(prefix.encode() for prefix in NATIVE_NOISE)
 
 
 def to_executorch(
