@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -111,43 +112,68 @@ def _param(block: Block):
 
 # -- python blocks ----------------------------------------------------------------------------
 
-_RESULTS: dict[str | None, dict[str, dict[str, str]]] = {}
+
+class _Job:
+    """A subprocess started from a fresh temporary directory, ``data`` on its standard input;
+    :meth:`result` waits for it and returns the last line of its output, as JSON."""
+
+    def __init__(self, argv: list[str], data: object) -> None:
+        self.where = tempfile.mkdtemp(prefix="quantweave-snippets-")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        env.setdefault("OMP_NUM_THREADS", "1")
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=self.where,
+            env=env,
+        )
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(data))
+        self.proc.stdin.close()
+        self.value: object = None
+
+    def result(self) -> object:
+        if self.value is None:
+            try:
+                out, err = self.proc.communicate(timeout=900)
+            finally:
+                shutil.rmtree(self.where, ignore_errors=True)
+            try:
+                self.value = json.loads(out.strip().splitlines()[-1])
+            except (IndexError, json.JSONDecodeError):
+                self.value = RuntimeError(f"exit {self.proc.returncode}:\n{out}\n{err}")
+        return self.value
 
 
-def _run_python(runtime: str | None) -> dict[str, dict[str, str]]:
-    """Run the python blocks of ``runtime`` (None: no runtime) in one subprocess, in document
-    order; results by block id."""
-    key = runtime
-    if key not in _RESULTS:
+_JOBS: dict[str | None, dict[str, _Job]] = {}
+
+
+def _jobs(runtime: str | None) -> dict[str, _Job]:
+    """The python blocks and the ``quantweave`` command lines of ``runtime`` (None: none), each
+    group in one subprocess, both started at once (they run side by side)."""
+    if runtime not in _JOBS:
         group = [
             {"id": b.id, "code": b.code, "continues": b.continues}
             for b in ALL
             if b.language == "python" and b.runtime == runtime and b.skip is None
         ]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        env.setdefault("OMP_NUM_THREADS", "1")
-        with tempfile.TemporaryDirectory(prefix="quantweave-snippets-") as where:
-            proc = subprocess.run(
-                [sys.executable, str(WORKER)],
-                input=json.dumps(group),
-                capture_output=True,
-                text=True,
-                cwd=where,
-                env=env,
-                timeout=600,
-            )
-        try:
-            _RESULTS[key] = json.loads(proc.stdout.strip().splitlines()[-1])
-        except (IndexError, json.JSONDecodeError):
-            _RESULTS[key] = {b["id"]: {"error": f"the worker failed:\n{proc.stdout}\n{proc.stderr}"} for b in group}
-    return _RESULTS[key]
+        _JOBS[runtime] = {
+            "python": _Job([sys.executable, str(WORKER)], group),
+            "cli": _Job([sys.executable, "-c", CLI_RUNNER], _cli_lines(runtime)),
+        }
+    return _JOBS[runtime]
 
 
 @pytest.mark.parametrize("block", [_param(b) for b in ALL if b.language == "python"])
 def test_python_snippet_runs(block: Block):
     if block.skip is not None:
         pytest.skip(f"{block.id}: {block.skip}")
-    result = _run_python(block.runtime).get(block.id)
+    results = _jobs(block.runtime)["python"].result()
+    assert not isinstance(results, Exception), f"the snippet worker failed: {results}"
+    result = results.get(block.id)  # type: ignore[union-attr]
     assert result is not None, f"{block.id} was not run"
     print(f"{block.id}: {result.get('seconds')} s")  # shown with -s / -rA
     assert "error" not in result, f"the python block at {block.id} failed:\n{result['error']}"
@@ -223,7 +249,22 @@ def check_command(command: str, where: str, cli: list[list[str]]) -> None:
         raise AssertionError(f"{where}: the snippet runner does not know how to check {command!r}")
 
 
-_CLI_RESULTS: dict[str, dict[str, str]] = {}
+#: runs ``quantweave`` command lines (a JSON list of argv on standard input), each once, and
+#: prints their exit status, time and output as one JSON line
+CLI_RUNNER = """
+import contextlib, io, json, sys, time
+from quantweave.cli import main
+out = {}
+for argv in json.loads(sys.stdin.read()):
+    if ' '.join(argv) in out:
+        continue
+    buffer, start = io.StringIO(), time.perf_counter()
+    with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
+        status = main(argv)
+    seconds = time.perf_counter() - start
+    out[' '.join(argv)] = f'exit {status}: ({seconds:.1f} s) ' + buffer.getvalue()[-2000:]
+print(json.dumps(out))
+"""
 
 
 def _cli_lines(runtime: str | None) -> list[list[str]]:
@@ -237,35 +278,6 @@ def _cli_lines(runtime: str | None) -> list[list[str]]:
     return lines
 
 
-def _run_cli(runtime: str | None) -> dict[str, str]:
-    """Run the ``quantweave`` command lines of every shell block of ``runtime`` in one
-    subprocess; output by command line."""
-    key = str(runtime)
-    if key not in _CLI_RESULTS:
-        argvs = _cli_lines(runtime)
-        code = (
-            "import contextlib, io, json, sys, time\n"
-            "from quantweave.cli import main\n"
-            "out = {}\n"
-            "for argv in json.loads(sys.stdin.read()):\n"
-            "    if ' '.join(argv) in out:\n"
-            "        continue\n"
-            "    buffer, start = io.StringIO(), time.perf_counter()\n"
-            "    with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):\n"
-            "        status = main(argv)\n"
-            "    seconds = time.perf_counter() - start\n"
-            "    out[' '.join(argv)] = f'exit {status}: ({seconds:.1f} s) ' + buffer.getvalue()[-2000:]\n"
-            "print(json.dumps(out))\n"
-        )
-        with tempfile.TemporaryDirectory(prefix="quantweave-snippets-") as where:
-            proc = subprocess.run(
-                [sys.executable, "-c", code], input=json.dumps(argvs), capture_output=True, text=True, cwd=where
-            )
-        assert proc.returncode == 0, f"the quantweave commands failed:\n{proc.stdout}\n{proc.stderr}"
-        _CLI_RESULTS[key] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return _CLI_RESULTS[key]
-
-
 @pytest.mark.parametrize("block", [_param(b) for b in ALL if b.language == "shell"])
 def test_shell_snippet_is_well_formed_and_its_commands_run(block: Block):
     if block.skip is not None:
@@ -273,9 +285,10 @@ def test_shell_snippet_is_well_formed_and_its_commands_run(block: Block):
     cli: list[list[str]] = []
     for command in commands_of(block.code):
         check_command(command, f"{block.id} `{command}`", cli)
-    results = _run_cli(block.runtime) if cli else {}
+    results = _jobs(block.runtime)["cli"].result() if cli else {}
+    assert not isinstance(results, Exception), f"the quantweave commands failed: {results}"
     for argv in cli:
-        output = results[" ".join(argv)]
+        output = results[" ".join(argv)]  # type: ignore[index]
         assert output.startswith("exit 0:"), f"{block.id}: `quantweave {' '.join(argv)}` failed: {output}"
         print(f"{block.id}: quantweave {' '.join(argv)}: {output[8:22]}")  # its time, shown with -s
 

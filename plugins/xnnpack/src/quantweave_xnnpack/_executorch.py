@@ -59,7 +59,7 @@ def import_executorch(
             return importlib.import_module(module)
     except ImportError as exc:
         missing = (exc.name or "").split(".")[0]
-        if missing and missing not in ("executorch", "torchao") and importlib.util.find_spec("executorch"):
+        if missing and missing not in ("executorch", "torchao") and _installed("executorch"):
             raise ExecuTorchNotInstalledError(  # ExecuTorch is there: name what it lacks, not ExecuTorch
                 f"{caller}: ExecuTorch is installed, but importing {module} failed: it needs {missing!r}, which is "
                 f"not installed ({exc}). Install it with: pip install {_DISTRIBUTIONS.get(missing, missing)}"
@@ -91,6 +91,13 @@ def _quiet_imports() -> Iterator[None]:
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
+
+
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a broken or stubbed entry in sys.modules
+        return False
 
 
 #: the distribution to install for a module ExecuTorch imports (where the names differ)
