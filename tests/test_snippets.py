@@ -133,6 +133,7 @@ class _Job:
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(data))
         self.proc.stdin.close()
+        self.proc.stdin = None  # written and closed: communicate() only reads
         self.value: object = None
 
     def result(self) -> object:
