@@ -9,9 +9,13 @@ import sys
 import time
 import traceback
 import warnings
+from pathlib import Path
 
 
 def main() -> None:
+    if sys.path and sys.path[0] == str(Path(__file__).resolve().parent):
+        del sys.path[0]  # the tests folder (tests/onnxruntime would shadow the onnxruntime package)
+    sys.path.insert(0, "")  # the current directory, as `python -c` has it
     blocks = json.loads(sys.stdin.read())
     results: dict[str, dict[str, str]] = {}
     namespace: dict[str, object] = {}

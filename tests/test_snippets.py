@@ -119,7 +119,7 @@ class _Job:
 
     def __init__(self, argv: list[str], data: object) -> None:
         self.where = tempfile.mkdtemp(prefix="quantweave-snippets-")
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        env = {**os.environ}  # what is installed (and PYTHONPATH), not the repository's folders
         env.setdefault("OMP_NUM_THREADS", "1")
         self.proc = subprocess.Popen(
             argv,
