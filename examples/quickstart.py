@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         timings[name] = time.perf_counter() - start
         return result
 
-    quantizer = qw.get_quantizer("x86")
+    # 7-bit activations where the CPU has no VNNI / AMX (lower() warns about full-range ones there)
+    quantizer = qw.get_quantizer("x86", reduce_range=quantweave_x86.cpu_needs_reduce_range())
     exported = timed("export", lambda: torch.export.export(model, (x,)).module())
     prepared = timed("prepare_pt2e", qw.prepare_pt2e, exported, quantizer)
     batches = calibration_batches(model, calibration, image=image)  # batch 1, as exported

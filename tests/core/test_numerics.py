@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import quantweave as qw
-from quantweave.fallback import fused_units
+from quantweave.float_fallback import fused_units
 from quantweave.testing.inspect import sqnr
 from quantweave.testing.reference import make_reference_quantizer
 from quantweave_x86 import X86InductorQuantizer

@@ -13,6 +13,7 @@ imports pluggy) is imported on first use of one of its names, so ``import quantw
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ._modules.deprecated_module import alias_module
 from ._modules.surface import moved
 from ._modules.version import __version__ as __version__
 from .annotation import (
@@ -42,7 +43,7 @@ from .errors import (
     SharingError,
     UnknownQuantizerError,
 )
-from .fallback import FallbackResult, LeaveFloat, fallback
+from .float_fallback import FallbackResult, LeaveFloat, fallback
 from .numerics import NumericsReport, compare
 from .prepare import prepare_pt2e, prepare_qat_pt2e
 from .quantizer import Quantizer
@@ -52,6 +53,8 @@ from .training import allow_exported_model_train_eval, move_exported_model_to_ev
 
 if TYPE_CHECKING:
     from .registry import get_quantizer, plugins, quantization_capabilities
+
+alias_module(f"{__name__}.fallback", f"{__name__}.float_fallback", until="0.2")  # the module's old name
 
 _LAZY = {name: "registry" for name in ("get_quantizer", "plugins", "quantization_capabilities")}
 

@@ -33,6 +33,7 @@ import torch
 from torch.fx import GraphModule
 
 from ._modules.batch_guard import BatchGuard
+from ._modules.calibration_checks import warn_no_batches, weight_observers
 from ._modules.observer_calls import observer_calls
 from .observers import (
     DerivedObserver,
@@ -175,7 +176,10 @@ def calibrate(
             bar.close()
     learning = {name: m for name, m in observers.items() if _learns_from_data(m)}
     observed = sum(1 for m in learning.values() if _saw_data(m))
-    missing = tuple(name for name, m in learning.items() if not _saw_data(m))
+    weights = weight_observers(prepared)  # they observe their constant at convert time: never "missing"
+    missing = tuple(name for name, m in learning.items() if not _saw_data(m) and name not in weights)
+    if done == 0 and not guard.skipped:
+        warn_no_batches(missing)
     return CalibrationResult(done, len(learning), observed, missing, skipped=tuple(guard.skipped))
 
 

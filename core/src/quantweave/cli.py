@@ -19,7 +19,8 @@ plugin's distribution.
 [--compare-batches N] [--top N] [--json]``: quantize a model with an installed quantizer
 and show the numeric debugger (:func:`quantweave.compare`) in the annotation report: every
 node quantized or float (by whom, why), the compared ones with their op / model SQNR and
-max error, worst first. ``MODEL`` is ``path/to/file.py:function`` or
+max error, worst first. ``MODEL`` is ``path/to/file.py:function`` (its folder first on
+``sys.path`` during the run, as with ``python path/to/file.py``) or
 ``package.module:function``; the function takes no arguments and returns ``(model,
 batches)``: a float ``nn.Module`` (exported on the first batch, in eval mode) or the
 ``torch.export(...).module()`` GraphModule, and a list of batches (tuples of model
@@ -265,11 +266,14 @@ class CompareError(Exception):
 
 
 def _compare(args: argparse.Namespace, manager: PluginManager) -> int:
+    saved_path = list(sys.path)  # FILE.py's folder goes first on it for the run, as `python FILE.py` does
     try:
         return _run_compare(args, manager)
     except CompareError as exc:
         print(f"quantweave compare: {exc}", file=sys.stderr)
         return 2
+    finally:
+        sys.path[:] = saved_path
 
 
 def _run_compare(args: argparse.Namespace, manager: PluginManager) -> int:
@@ -371,6 +375,7 @@ def _load_factory(spec: str) -> Any:
     if where.endswith(".py") or path.is_file():
         if not path.is_file():
             raise CompareError(f"MODEL {spec!r}: no file {where}")
+        sys.path.insert(0, str(path.resolve().parent))  # modules next to FILE import, like `python FILE.py`
         module_spec = importlib.util.spec_from_file_location(f"_quantweave_compare_{path.stem}", path)
         if module_spec is None or module_spec.loader is None:
             raise CompareError(f"MODEL {spec!r}: cannot load {where} as Python")

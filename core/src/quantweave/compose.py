@@ -99,6 +99,9 @@ class ComposableQuantizer(Quantizer):
         self.quantizers = members
         self.name = "+".join(self.labels)
 
+    def __repr__(self) -> str:  # the members, in priority order, each as it prints itself
+        return f"{type(self).__name__}([{', '.join(map(repr, self.quantizers))}])"
+
     def _member_call(self, label: str, member: Quantizer, hook: str, *args: Any) -> Any:
         """Call a member's hook; an exception it raises keeps its class and gets a note
         naming the member."""

@@ -19,6 +19,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ._modules.bn_fold import fold_batch_norm
+from ._modules.explained_guards import explain_guards
 from ._modules.foreign import PT2E_HOOKS, check_observers, translate_annotations
 from ._modules.graph import (
     check_graph_module,
@@ -125,7 +126,7 @@ def _prepare(model: GraphModule, quantizer: Quantizer, is_qat: bool) -> GraphMod
     check_observers(observers, lambda key: _label(key, quantizer))
     _insert_observers(gm, drop_in_place_destinations(observers))  # a written buffer is written itself
     gm.meta[PREPARED_KEY] = api
-    return disallow_eval_train(rebuild(gm))
+    return disallow_eval_train(explain_guards(rebuild(gm)))  # a batch of another size: how to export for it
 
 
 def _own_tensors(gm: GraphModule) -> None:

@@ -6,7 +6,7 @@ would silently do nothing warns (:class:`~quantweave.errors.MisuseWarning`):
 
 * :func:`check_prepare_input` -- a quantizer class instead of an instance; a GraphModule
   that did not come from ``torch.export`` (``torch.fx.symbolic_trace``: no tensor metadata,
-  so no quantizer can match anything); a model that is already prepared;
+  so no quantizer can match anything); a model that is already prepared, or converted;
 * :func:`warn_no_observers` -- ``convert_pt2e`` on a model with no observers;
 * :func:`quantizer_members` -- ``ComposableQuantizer`` given one quantizer, a name or a
   class instead of a list of instances;
@@ -48,6 +48,7 @@ def check_prepare_input(model: GraphModule, quantizer: object, api: str) -> None
         raise TypeError(message)
     _check_exported(model, api)
     _check_not_prepared(model, api)
+    _check_not_converted(model, api)
 
 
 def _check_exported(model: GraphModule, api: str) -> None:
@@ -82,15 +83,31 @@ def _check_not_prepared(model: GraphModule, api: str) -> None:
     )
 
 
-def warn_no_observers(model: GraphModule) -> None:
-    """``convert_pt2e`` found no observer: unless the model comes from prepare (whose quantizer
-    then annotated nothing: ``quantweave.annotation_report`` says why), say why nothing gets
-    quantized (MisuseWarning)."""
-    quantized = [
+def _quantize_nodes(model: GraphModule) -> list[str]:
+    """Names of the ``quantized_decomposed`` (quantize / dequantize) nodes of ``model``."""
+    return [
         n.name
         for n in model.graph.nodes
         if n.op == "call_function" and getattr(n.target, "namespace", None) == "quantized_decomposed"
     ]
+
+
+def _check_not_converted(model: GraphModule, api: str) -> None:
+    found = _quantize_nodes(model)
+    if not found:
+        return
+    raise ValueError(
+        f"{api}: the model is already converted: it holds {len(found)} quantize/dequantize node(s), e.g. "
+        f"{found[0]!r} (convert_pt2e or quantweave.load returned it); prepare the float exported model "
+        "(torch.export.export(model, args).module()) instead, or use the converted model as it is"
+    )
+
+
+def warn_no_observers(model: GraphModule) -> None:
+    """``convert_pt2e`` found no observer: unless the model comes from prepare (whose quantizer
+    then annotated nothing: ``quantweave.annotation_report`` says why), say why nothing gets
+    quantized (MisuseWarning)."""
+    quantized = _quantize_nodes(model)
     if quantized:
         why = (
             f"it is converted already (it holds quantize/dequantize ops, e.g. {quantized[0]!r}); convert the "

@@ -124,7 +124,7 @@ def lower(converted: GraphModule, example_inputs: Sequence[Any], *, bf16: bool =
         )
     example_inputs = tuple(example_inputs)
     # compiled as is: a re-export added input checks worth ~0.4 ms per call (encoder, b1)
-    compiled = torch.compile(_without_self_adds(converted), backend="inductor")
+    compiled = torch.compile(_int32_weight_zero_points(_without_self_adds(converted)), backend="inductor")
     lowered = LoweredModule(compiled, bf16, _inputs_to_protect(converted, len(example_inputs)))
     lowered(*example_inputs)  # compile now, under freezing
     return lowered
@@ -142,6 +142,32 @@ def _without_self_adds(converted: GraphModule) -> GraphModule:
             node.target = torch.ops.aten.mul.Tensor
             node.args = (node.args[0], 2.0)
     return finish_rewrite(rewritten)
+
+
+def _int32_weight_zero_points(model: GraphModule) -> GraphModule:
+    """Per-channel zero points stored as int64 constants read as int32 (the same values), on a new
+    GraphModule over the same graph that shares ``model``'s other tensors: inductor's oneDNN int8
+    linear takes int32 ones and converts an int64 one with ``torch.tensor(tensor)``, warning on
+    every ``lower``. Top-level constants only (what convert makes); ``model`` is not changed."""
+    dequantize = torch.ops.quantized_decomposed.dequantize_per_channel.default
+    targets = {
+        str(n.args[2].target)
+        for n in model.graph.nodes
+        if n.op == "call_function" and n.target == dequantize and isinstance(n.args[2], Node)
+        if n.args[2].op == "get_attr" and "." not in str(n.args[2].target)
+    }
+    values: dict[str, torch.Tensor] = {}
+    for target in sorted(targets):
+        value = getattr(model, target, None)
+        if isinstance(value, torch.Tensor) and value.dtype == torch.int64:
+            values[target] = value
+    if not values:
+        return model
+    rewritten = GraphModule(model, model.graph)  # the graph is not changed: shared
+    rewritten.meta.update(model.meta)
+    for target, value in values.items():
+        setattr(rewritten, target, value.to(torch.int32))
+    return rewritten
 
 
 def _is_self_add(node: Node) -> bool:

@@ -12,9 +12,15 @@ what it delegated: :class:`Delegation`), :func:`op_name` and :func:`is_plumbing`
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import importlib.util
+import logging
+import os
+import sys
+import tempfile
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,14 +55,53 @@ def import_executorch(
     raises :class:`ExecuTorchNotInstalledError` naming ``caller``, the module and how to install
     ExecuTorch (with ``distribution``'s ``executorch`` extra)."""
     try:
-        return importlib.import_module(module)
+        with _quiet_imports():
+            return importlib.import_module(module)
     except ImportError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if missing and missing not in ("executorch", "torchao") and _installed("executorch"):
+            raise ExecuTorchNotInstalledError(  # ExecuTorch is there: name what it lacks, not ExecuTorch
+                f"{caller}: ExecuTorch is installed, but importing {module} failed: it needs {missing!r}, which is "
+                f"not installed ({exc}). Install it with: pip install {_DISTRIBUTIONS.get(missing, missing)}"
+            ) from exc
         raise ExecuTorchNotInstalledError(
             f"{caller} needs ExecuTorch 1.5.1 ({module} could not be imported: {exc}). Install it with: "
             "pip install --no-deps torchao==0.18.0 executorch==1.5.1 && pip install ruamel.yaml flatbuffers "
             f"tabulate (or `pip install '{distribution}[executorch]'`, which also pulls ExecuTorch's declared but "
             "unused heavy requirements); keep torch==2.13.0"
         ) from exc
+
+
+#: loggers whose import-time lines ExecuTorch's import brings and a user cannot act on: torchao
+#: logs a "Failed to load" line per CUDA kernel library it ships (none load with a CPU torch), and
+#: torch's pytree a deprecation line for an enum torchao registers. Quieted to errors while
+#: :func:`import_executorch` imports, then restored: this is the only place quantweave filters
+#: what a dependency emits; nothing is filtered for the user's own imports or calls.
+QUIET_AT_IMPORT = ("torchao", "torch.utils._pytree")
+
+
+@contextlib.contextmanager
+def _quiet_imports() -> Iterator[None]:
+    loggers = [logging.getLogger(name) for name in QUIET_AT_IMPORT]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(max(logger.getEffectiveLevel(), logging.ERROR))
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a broken or stubbed entry in sys.modules
+        return False
+
+
+#: the distribution to install for a module ExecuTorch imports (where the names differ)
+_DISTRIBUTIONS = {"ruamel": "ruamel.yaml", "yaml": "pyyaml"}
 
 
 def op_name(node: torch.fx.Node) -> str:
@@ -147,7 +192,8 @@ class ExecuTorchProgram:
     def load(self) -> LoadedProgram:
         """Load the program on the ExecuTorch runtime (``executorch.runtime``)."""
         runtime = import_executorch("executorch.runtime", caller="ExecuTorchProgram.load")
-        return LoadedProgram(runtime.Runtime.get().load_program(self.buffer))
+        with _quiet_native_lines():
+            return LoadedProgram(runtime.Runtime.get().load_program(self.buffer))
 
     def save(self, path: str) -> None:
         with open(path, "wb") as f:
@@ -163,9 +209,47 @@ class LoadedProgram:
     def __init__(self, program: Any) -> None:
         self._program = program
         self._method = program.load_method("forward")
+        self._first = True
 
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
+        if self._first:  # the runtime's thread pool starts on the first call
+            self._first = False
+            with _quiet_native_lines():
+                return list(self._method.execute(list(inputs)))
         return list(self._method.execute(list(inputs)))
+
+
+#: lines ExecuTorch's runtime writes to the process's standard error (from C++) when its thread
+#: pool starts, about reading CPU registers that do not exist on x86 -- nothing a user can act on
+NATIVE_NOISE = ("[cpuinfo_utils.cpp:",)
+
+
+@contextlib.contextmanager
+def _quiet_native_lines() -> Iterator[None]:
+    """Run with file descriptor 2 sent to a temporary file; then write back to standard error
+    every line but :data:`NATIVE_NOISE`'s (errors and anything else the runtime says stay)."""
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # no real stderr (a notebook, a test capture)
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), fd)
+        try:
+            yield
+        finally:
+            os.dup2(saved, fd)
+            os.close(saved)
+            captured.seek(0)
+            kept = [line for line in captured.read().splitlines(keepends=True) if not line.startswith(NATIVE_NOISE_B)]
+            if kept:
+                sys.stderr.flush()
+                os.write(fd, b"".join(kept))
+
+
+NATIVE_NOISE_B = tuple(prefix.encode() for prefix in NATIVE_NOISE)
 
 
 def to_executorch(
