@@ -1,7 +1,7 @@
 """quantweave-onnxruntime: ONNX Runtime's QDQ recipe as a quantweave plugin, and export to ONNX.
 
-Importing this package imports neither onnx nor onnxruntime: :func:`export_onnx` and
-:func:`ort_session` import them on first call (the ``runtime`` extra). Names are imported on
+Importing this package imports neither onnx nor onnxruntime: :func:`to_onnx` (alias
+:func:`export_onnx`) and :func:`ort_session` import them on first call (the ``runtime`` extra). Names are imported on
 first use, so plugin discovery (which only needs the declarations) stays cheap.
 """
 
@@ -19,6 +19,7 @@ __all__ = [
     "export_onnx",
     "int8_kernels",
     "ort_session",
+    "to_onnx",
 ]
 
 _WHERE = {
@@ -27,6 +28,7 @@ _WHERE = {
     "export_onnx": "_export",
     "int8_kernels": "_export",
     "ort_session": "_export",
+    "to_onnx": "_export",
 }
 
 
