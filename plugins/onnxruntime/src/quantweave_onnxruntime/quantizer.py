@@ -48,6 +48,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 import quantweave as qw
+from quantweave.authoring import calls, is_float_tensor, only_user
 from quantweave.observers import (
     FakeQuantize,
     FusedMovingAvgObsFakeQuantize,
@@ -104,10 +105,7 @@ _OBSERVERS = ("histogram", "minmax")
 
 
 def _is_float32(arg: Any) -> bool:
-    if not isinstance(arg, Node):
-        return False
-    val = arg.meta.get("val")
-    return isinstance(val, torch.Tensor) and val.dtype == torch.float32
+    return is_float_tensor(arg)
 
 
 def _has_output_qparams(node: Node) -> bool:
@@ -130,10 +128,8 @@ def _split_source(arg: Any) -> Node | None:
 
 
 def _only_user(node: Node, targets: tuple[Any, ...]) -> Node | None:
-    if len(node.users) != 1:
-        return None
-    (user,) = node.users
-    if user.op == "call_function" and user.target in targets and user.args and user.args[0] is node:
+    user = only_user(node)
+    if user is not None and calls(user, targets) and user.args and user.args[0] is node:
         return user
     return None
 
