@@ -57,12 +57,22 @@ def test_nothing_undeclared_is_annotated():
     assert_conforms(INFO, plugin="onnxruntime", patterns=PATTERNS)
 
 
-@pytest.mark.parametrize("options", [{"activation_dtype": "int8"}, {"per_channel": False}, {"reduce_range": True}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"activation_dtype": "int8"},
+        {"per_channel": False},
+        {"reduce_range": True},
+        {"activation_dtype": "int8", "symmetric_activations": True},
+        {"activation_dtype": "int8", "symmetric_activations": True, "is_qat": True},
+    ],
+)
 def test_options_are_declared_and_delivered(options):
     info = qw.QuantizerInfo(
         name="onnxruntime",
-        factory=lambda: ORTQuantizer(**options),
+        factory=lambda **mode: ORTQuantizer(**options),  # options already name the mode
         capabilities=declared_capabilities(**options),
+        mode_options={"qat": {"is_qat": True}} if options.get("is_qat") else {},
     )
     assert_conforms(info, plugin="onnxruntime", patterns=PATTERNS)
     assert ORTQuantizer(**options).quantization_capabilities() == info.capabilities
@@ -276,3 +286,19 @@ def test_to_onnx_and_export_onnx_are_one_function():
     import quantweave_onnxruntime
 
     assert quantweave_onnxruntime.to_onnx is quantweave_onnxruntime.export_onnx
+
+
+def test_symmetric_int8_activations_quantize_each_output_and_fold_no_relu():
+    quantizer = ORTQuantizer(activation_dtype="int8", symmetric_activations=True)
+    by_op, _ = annotate(CNN(), torch.randn(1, 3, 16, 16), quantizer=quantizer)
+    conv1 = by_op[aten.conv2d.default][0]
+    spec = conv1.meta[KEY].output_qspec  # the conv quantizes its own output; the relu is not folded
+    assert (spec.dtype, spec.qscheme, spec.quant_min, spec.quant_max) == (
+        torch.int8,
+        torch.per_tensor_symmetric,
+        -127,
+        127,
+    )
+    assert aten.relu.default not in by_op
+    with pytest.raises(ValueError, match="symmetric_activations"):
+        ORTQuantizer(symmetric_activations=True)  # uint8 activations

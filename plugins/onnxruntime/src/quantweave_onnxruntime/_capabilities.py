@@ -66,9 +66,12 @@ FUSED_ACTIVATION = tuple(
 )
 
 
-def activation_quant(activation_dtype: str = "uint8") -> TensorQuant:
+def activation_quant(activation_dtype: str = "uint8", symmetric: bool = False) -> TensorQuant:
     """uint8 [0, 255] (ORT's QUInt8 default) or int8 [-128, 127] (QInt8), both affine: a relu's
-    output then has the lowest value as zero point, which is what lets ORT drop the relu."""
+    output then has the lowest value as zero point, which is what lets ORT drop the relu.
+    ``symmetric``: int8 [-127, 127] with zero point 0 (QInt8 with ORT's ``ActivationSymmetric``)."""
+    if activation_dtype == "int8" and symmetric:
+        return TensorQuant("int8", -127, 127, "per_tensor", symmetric=True)
     if activation_dtype == "int8":
         return TensorQuant("int8", -128, 127, "per_tensor", symmetric=False)
     return TensorQuant("uint8", 0, 255, "per_tensor", symmetric=False)
@@ -95,6 +98,7 @@ def declared_capabilities(
     reduce_range: bool = False,
     is_dynamic: bool = False,
     is_qat: bool = False,
+    symmetric_activations: bool = False,
 ) -> tuple[Capability, ...]:
     """What an ``ORTQuantizer`` with these options annotates (conformance-tested).
 
@@ -106,14 +110,18 @@ def declared_capabilities(
     average pooling gets its own. ``is_qat``: the same through fake-quantizers, plus conv2d +
     batch norm (+ relu / clip), whose last op quantizes its output. ``is_dynamic``: linear and
     matmul with uint8 activations chosen at run time (ORT's ``MatMulInteger`` path), float
-    outputs."""
-    act = activation_quant(activation_dtype)
+    outputs. ``symmetric_activations`` (int8): no activation is folded into an output range (a
+    zero point of 0 does not clamp where relu does, so ORT keeps the relu): the fused patterns
+    are not offered, the op before the activation quantizes its own output."""
+    act = activation_quant(activation_dtype, symmetric_activations)
     if is_dynamic:
         mode, patterns = Mode.DYNAMIC, DYNAMIC_PATTERNS
     elif is_qat:
         mode, patterns = Mode.QAT, QAT_BN_PATTERNS + STATIC_PATTERNS
     else:
         mode, patterns = Mode.STATIC, STATIC_PATTERNS
+    if symmetric_activations:
+        patterns = tuple(p for p in patterns if p not in FUSED_ACTIVATION or p == "conv2d_bn")
 
     def capability(pattern: str) -> Capability:
         weighted = pattern in WEIGHTED + QAT_BN_PATTERNS

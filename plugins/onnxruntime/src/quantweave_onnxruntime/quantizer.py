@@ -153,6 +153,7 @@ class ORTQuantizer(qw.Quantizer):
         reduce_range: bool = False,
         is_dynamic: bool = False,
         is_qat: bool = False,
+        symmetric_activations: bool = False,
     ) -> None:
         if activation_dtype not in _ACTIVATION_DTYPES:
             raise ValueError(
@@ -164,6 +165,7 @@ class ORTQuantizer(qw.Quantizer):
             ("reduce_range", reduce_range),
             ("is_dynamic", is_dynamic),
             ("is_qat", is_qat),
+            ("symmetric_activations", symmetric_activations),
         )
         for option, value in flags:
             if not isinstance(value, bool):
@@ -179,6 +181,12 @@ class ORTQuantizer(qw.Quantizer):
                 "ORTQuantizer: is_dynamic=True takes activation_dtype='uint8' only (ONNX DynamicQuantizeLinear "
                 f"is uint8); got activation_dtype={activation_dtype!r}"
             )
+        if symmetric_activations and activation_dtype != "int8":
+            raise ValueError(
+                "ORTQuantizer: symmetric_activations=True takes activation_dtype='int8' (ORT's QInt8 with "
+                f"ActivationSymmetric); got activation_dtype={activation_dtype!r}"
+            )
+        self.symmetric_activations = symmetric_activations
         self.activation_dtype = activation_dtype
         self.per_channel = per_channel
         self.observer = observer
@@ -194,6 +202,8 @@ class ORTQuantizer(qw.Quantizer):
             ctr = (HistogramObserver if observer == "histogram" else MinMaxObserver).with_args(eps=2**-12)
         if activation_dtype == "uint8":
             self.act = qw.QuantizationSpec(torch.uint8, ctr, 0, 255, torch.per_tensor_affine, is_dynamic=is_dynamic)
+        elif symmetric_activations:
+            self.act = qw.QuantizationSpec(torch.int8, ctr, -127, 127, torch.per_tensor_symmetric)
         else:
             self.act = qw.QuantizationSpec(torch.int8, ctr, -128, 127, torch.per_tensor_affine)
         self._weights = {axis: self._weight_spec(axis) for axis in (0, 1)}
@@ -222,13 +232,14 @@ class ORTQuantizer(qw.Quantizer):
             reduce_range=self.reduce_range,
             is_dynamic=self.is_dynamic,
             is_qat=self.is_qat,
+            symmetric_activations=self.symmetric_activations,
         )
 
     def __repr__(self) -> str:
         return (
             f"ORTQuantizer(activation_dtype={self.activation_dtype!r}, per_channel={self.per_channel}, "
             f"observer={self.observer!r}, reduce_range={self.reduce_range}, is_dynamic={self.is_dynamic}, "
-            f"is_qat={self.is_qat})"
+            f"is_qat={self.is_qat}, symmetric_activations={self.symmetric_activations})"
         )
 
     # -- annotation --------------------------------------------------------------------------------
@@ -300,7 +311,7 @@ class ORTQuantizer(qw.Quantizer):
         if bn is None or is_annotated(bn) or not _is_float32(x) or not isinstance(weight, Node):
             return
         assert isinstance(x, Node)
-        activation = _only_user(bn, _WEIGHTED[conv.target])
+        activation = None if self.symmetric_activations else _only_user(bn, _WEIGHTED[conv.target])
         if activation is not None and is_annotated(activation):
             activation = None
         qw.annotate_input_qspec_map(conv, x, self._input_spec(x))
@@ -365,7 +376,8 @@ class ORTQuantizer(qw.Quantizer):
         if not _is_float32(x) or not isinstance(weight, Node):
             return
         assert isinstance(x, Node)
-        activation = _only_user(node, _WEIGHTED[node.target])
+        # symmetric activations: zero point 0 does not clamp at 0, ORT keeps the relu: no folding
+        activation = None if self.symmetric_activations else _only_user(node, _WEIGHTED[node.target])
         if activation is not None and is_annotated(activation):  # claimed by an earlier quantizer
             activation = None
         axis = 1 if node.target in _TRANSPOSED else 0
@@ -379,7 +391,7 @@ class ORTQuantizer(qw.Quantizer):
             mark_annotated([node, activation])
 
     def _binary(self, node: Node) -> None:
-        relu = _only_user(node, _RELU)
+        relu = None if self.symmetric_activations else _only_user(node, _RELU)
         if relu is not None and is_annotated(relu):
             relu = None
         self._two_inputs(node, relu or node)
