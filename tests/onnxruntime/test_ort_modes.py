@@ -270,3 +270,41 @@ def test_bert_from_a_config_every_linear_and_attention_matmul_int8(tmp_path, dyn
     else:
         _, theirs = _ort_quantize_static(model, batches, ids, tmp_path)
     assert _sqnr(reference, got) >= _sqnr(reference, _run(theirs, ids)[0]) - 0.3
+
+
+def test_symmetric_int8_activations_form_what_ort_forms_for_its_own_symmetric_model(tmp_path):
+    from tests.onnxruntime.test_ort_runtime import _cnn
+
+    model, batches, x = _cnn()
+    quantizer = ORTQuantizer(
+        activation_dtype="int8", symmetric_activations=True, reduce_range=REDUCE_RANGE, observer="minmax"
+    )
+    converted, path = _quantize(model, batches, x, quantizer, tmp_path / "sym.onnx")
+    float_path = to_onnx(model, (x,), tmp_path / "float.onnx")
+    name = ort.InferenceSession(str(float_path), providers=["CPUExecutionProvider"]).get_inputs()[0].name
+    theirs = tmp_path / "ort_sym.onnx"
+    quantization.quantize_static(
+        str(float_path),
+        str(theirs),
+        _Feeds(name, batches),
+        quant_format=quantization.QuantFormat.QDQ,
+        per_channel=True,
+        reduce_range=REDUCE_RANGE,
+        activation_type=quantization.QuantType.QInt8,
+        weight_type=quantization.QuantType.QInt8,
+        extra_options={"ActivationSymmetric": True},
+    )
+    ours_ops, their_ops = int8_kernels(path), int8_kernels(theirs)
+    assert products(ours_ops) == products(their_ops), (ours_ops, their_ops)
+    reference = model(x).detach().numpy()
+    (got,) = _run(path, x)
+    assert _sqnr(reference, got) >= _sqnr(reference, _run(theirs, x)[0]) - 0.3
+    assert _sqnr(converted(x).detach().numpy(), got) > 30
+
+
+class _Feeds(quantization.CalibrationDataReader):
+    def __init__(self, name, batches):
+        self.feeds = iter([{name: b.numpy()} for b in batches])
+
+    def get_next(self):
+        return next(self.feeds, None)
