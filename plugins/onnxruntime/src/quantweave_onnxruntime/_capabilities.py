@@ -114,6 +114,8 @@ def declared_capabilities(
     zero point of 0 does not clamp where relu does, so ORT keeps the relu): the fused patterns
     are not offered, the op before the activation quantizes its own output."""
     act = activation_quant(activation_dtype, symmetric_activations)
+    mode: Mode
+    patterns: tuple[str, ...]
     if is_dynamic:
         mode, patterns = Mode.DYNAMIC, DYNAMIC_PATTERNS
     elif is_qat:

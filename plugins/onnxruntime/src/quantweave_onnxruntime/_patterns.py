@@ -4,6 +4,8 @@ that the core vocabulary does not name."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -47,6 +49,6 @@ def patterns() -> list[PatternSpec]:
     """The contributed patterns, each with its probe (fed by a conv: ORT runs them on int8 data
     only after a quantized producer)."""
     return [
-        PatternSpec(name, description, ops, probe=lambda name=name: _probe(name), producer="conv2d")
+        PatternSpec(name, description, ops, probe=functools.partial(_probe, name), producer="conv2d")
         for name, (description, ops) in PATTERNS.items()
     ]
