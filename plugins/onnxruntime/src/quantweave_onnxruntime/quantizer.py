@@ -20,7 +20,8 @@ DQ -> Add -> Q ``QLinearAdd``...). The recipe therefore quantizes outputs, not o
 Activations: uint8 [0, 255] affine (ORT's ``QuantType.QUInt8``) or, with
 ``activation_dtype="int8"``, int8 [-128, 127] affine (``QuantType.QInt8`` with ORT's default
 ``ActivationSymmetric=False``: ORT drops a relu / clip before a QuantizeLinear only when the
-zero point is the lowest value); HistogramObserver (``observer=
+zero point is the lowest value; ``symmetric_activations=True``: int8 [-127, 127], zero point 0,
+as ``ActivationSymmetric=True``, with no activation folded into an output range); HistogramObserver (``observer=
 "minmax"``: MinMaxObserver, what ORT calibrates with by default). Weights: int8 [-127, 127]
 symmetric (ORT's restricted symmetric range), per channel unless ``per_channel=False``;
 ``reduce_range=True``: in [-64, 64] (ORT's ``reduce_range``, for
