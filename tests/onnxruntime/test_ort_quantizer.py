@@ -16,6 +16,8 @@ from quantweave_onnxruntime import plugin as ort_plugin
 
 KEY = qw.ANNOTATION_KEY
 (INFO,) = ort_plugin.quantweave_quantizers()
+#: the patterns the plugin contributes (split, resize), which the conformance kit probes too
+PATTERNS = {spec.name: spec for spec in ort_plugin.quantweave_patterns()}
 aten = torch.ops.aten
 
 
@@ -48,21 +50,31 @@ def annotate(model, *args, quantizer=None):
 
 @pytest.mark.parametrize("cap", capability_cases(INFO))
 def test_each_declared_capability_is_delivered(cap):
-    assert check_capability(INFO, cap, plugin="onnxruntime") == []
+    assert check_capability(INFO, cap, plugin="onnxruntime", patterns=PATTERNS) == []
 
 
 def test_nothing_undeclared_is_annotated():
-    assert_conforms(INFO, plugin="onnxruntime")
+    assert_conforms(INFO, plugin="onnxruntime", patterns=PATTERNS)
 
 
-@pytest.mark.parametrize("options", [{"activation_dtype": "int8"}, {"per_channel": False}, {"reduce_range": True}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"activation_dtype": "int8"},
+        {"per_channel": False},
+        {"reduce_range": True},
+        {"activation_dtype": "int8", "symmetric_activations": True},
+        {"activation_dtype": "int8", "symmetric_activations": True, "is_qat": True},
+    ],
+)
 def test_options_are_declared_and_delivered(options):
     info = qw.QuantizerInfo(
         name="onnxruntime",
-        factory=lambda: ORTQuantizer(**options),
+        factory=lambda **mode: ORTQuantizer(**options),  # options already name the mode
         capabilities=declared_capabilities(**options),
+        mode_options={"qat": {"is_qat": True}} if options.get("is_qat") else {},
     )
-    assert_conforms(info, plugin="onnxruntime")
+    assert_conforms(info, plugin="onnxruntime", patterns=PATTERNS)
     assert ORTQuantizer(**options).quantization_capabilities() == info.capabilities
 
 
@@ -123,7 +135,7 @@ def test_shared_ops_end_up_with_their_inputs_qparams_after_convert():
 def test_ops_left_alone():
     class Float(torch.nn.Module):
         def forward(self, x):
-            return torch.flatten(F.max_pool2d(x, 2), 1).sigmoid()  # nothing quantized feeds the pool
+            return torch.flatten(F.max_pool2d(x, 2), 1).tanh()  # nothing quantized feeds the pool
 
     by_op, gm = annotate(Float(), torch.randn(1, 3, 8, 8))
     assert by_op == {}
@@ -193,3 +205,100 @@ def test_a_conv_with_string_padding_is_quantized_like_any_conv():
     (conv,) = by_op[aten.conv2d.padding]
     (relu,) = by_op[aten.relu.default]
     assert len(conv.meta[KEY].input_qspec_map) == 2 and relu.meta[KEY].output_qspec is not None
+
+
+def test_dynamic_mode_quantizes_linear_and_matmul_inputs_at_run_time_and_leaves_outputs_float():
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return torch.sigmoid(torch.matmul(self.q(x), self.k(x).transpose(-1, -2)))
+
+    by_op, _ = annotate(Attention(), torch.randn(2, 4, 8), quantizer=ORTQuantizer(is_dynamic=True))
+    assert set(by_op) == {aten.linear.default, aten.matmul.default}  # sigmoid stays float in dynamic mode
+    for node in by_op[aten.linear.default] + by_op[aten.matmul.default]:
+        annotation = node.meta[KEY]
+        assert annotation.output_qspec is None
+        act = annotation.input_qspec_map[node.args[0]]
+        assert act.is_dynamic and act.dtype == torch.uint8
+    (linear, _) = by_op[aten.linear.default]
+    assert not linear.meta[KEY].input_qspec_map[linear.args[1]].is_dynamic  # the weight: int8, observed once
+
+
+def test_dynamic_and_qat_options_are_checked_and_reachable_by_mode():
+    with pytest.raises(ValueError, match="activation_dtype"):
+        ORTQuantizer(is_dynamic=True, activation_dtype="int8")
+    with pytest.raises(ValueError, match="is_qat"):
+        ORTQuantizer(is_dynamic=True, is_qat=True)
+    with pytest.raises(TypeError, match="is_dynamic"):
+        ORTQuantizer(is_dynamic="yes")
+    assert INFO.mode_options == {"dynamic": {"is_dynamic": True}, "qat": {"is_qat": True}}
+    assert {c.mode for c in INFO.capabilities} == {qw.Mode.STATIC, qw.Mode.DYNAMIC, qw.Mode.QAT}
+
+
+def test_split_outputs_are_quantized_by_their_consumers_with_the_split_inputs_range():
+    class Split(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2, self.c3 = torch.nn.Conv2d(3, 8, 3), torch.nn.Conv2d(4, 4, 3), torch.nn.Conv2d(4, 4, 3)
+
+        def forward(self, x):
+            a, b = torch.split(self.c1(x), 4, dim=1)
+            return self.c2(a), self.c3(b)
+
+    model, x = Split().eval(), torch.randn(1, 3, 12, 12)
+    prepared = qw.prepare_pt2e(torch.export.export(model, (x,)).module(), ORTQuantizer(observer="minmax"))
+    prepared(x)
+    converted = qw.convert_pt2e(prepared)
+    quantize = torch.ops.quantized_decomposed.quantize_per_tensor.default
+    conv1 = next(n for n in converted.graph.nodes if n.target == aten.conv2d.default)
+    split = next(n for n in converted.graph.nodes if n.target == aten.split.Tensor)
+    after_conv1 = {(float(n.args[1]), int(n.args[2])) for n in conv1.users if n.target == quantize}
+    after_split = {
+        (float(q.args[1]), int(q.args[2])) for item in split.users for q in item.users if q.target == quantize
+    }
+    assert len(after_conv1) == 1 and after_split == after_conv1  # ORT's Split unit: one range in and out
+
+
+def test_qat_annotates_conv_batch_norm_relu_as_one_unit():
+    class ConvBNReLU(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn = torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8)
+
+        def forward(self, x):
+            return F.relu(self.bn(self.conv(x)))
+
+    gm = torch.export.export(ConvBNReLU().train(), (torch.randn(2, 3, 8, 8),)).module()
+    ORTQuantizer(is_qat=True).annotate(gm)
+    conv = next(n for n in gm.graph.nodes if n.target == aten.conv2d.default)
+    bn = next(n for n in gm.graph.nodes if n.target == aten.batch_norm.default)
+    relu = next(n for n in gm.graph.nodes if n.target == aten.relu.default)
+    assert conv.meta[KEY].output_qspec is None and bn.meta[KEY].output_qspec is None
+    assert relu.meta[KEY].output_qspec is not None
+    weight = conv.meta[KEY].input_qspec_map[conv.args[1]]
+    assert "FakeQuantize" in repr(weight.observer_or_fake_quant_ctr)
+
+
+def test_to_onnx_and_export_onnx_are_one_function():
+    import quantweave_onnxruntime
+
+    assert quantweave_onnxruntime.to_onnx is quantweave_onnxruntime.export_onnx
+
+
+def test_symmetric_int8_activations_quantize_each_output_and_fold_no_relu():
+    quantizer = ORTQuantizer(activation_dtype="int8", symmetric_activations=True)
+    by_op, _ = annotate(CNN(), torch.randn(1, 3, 16, 16), quantizer=quantizer)
+    conv1 = by_op[aten.conv2d.default][0]
+    spec = conv1.meta[KEY].output_qspec  # the conv quantizes its own output; the relu is not folded
+    assert (spec.dtype, spec.qscheme, spec.quant_min, spec.quant_max) == (
+        torch.int8,
+        torch.per_tensor_symmetric,
+        -127,
+        127,
+    )
+    assert aten.relu.default not in by_op
+    with pytest.raises(ValueError, match="symmetric_activations"):
+        ORTQuantizer(symmetric_activations=True)  # uint8 activations

@@ -1,14 +1,13 @@
 """quantweave-onnxruntime: ONNX Runtime's QDQ recipe as a quantweave plugin, and export to ONNX.
 
-Importing this package imports neither onnx nor onnxruntime: :func:`export_onnx` and
-:func:`ort_session` import them on first call (the ``runtime`` extra). Names are imported on
+Importing this package imports neither onnx nor onnxruntime: :func:`to_onnx` (alias
+:func:`export_onnx`) and :func:`ort_session` import them on first call (the ``runtime`` extra). Names are imported on
 first use, so plugin discovery (which only needs the declarations) stays cheap.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from quantweave.authoring import lazy_exports
 
 #: The distribution's version (single source: pyproject.toml reads it from here).
 __version__ = "0.1.0"
@@ -19,22 +18,17 @@ __all__ = [
     "export_onnx",
     "int8_kernels",
     "ort_session",
+    "to_onnx",
 ]
 
-_WHERE = {
-    "ORTQuantizer": "quantizer",
-    "declared_capabilities": "_capabilities",
-    "export_onnx": "_export",
-    "int8_kernels": "_export",
-    "ort_session": "_export",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "ORTQuantizer": "quantizer",
+        "declared_capabilities": "_capabilities",
+        "export_onnx": "_export",
+        "int8_kernels": "_export",
+        "ort_session": "_export",
+        "to_onnx": "_export",
+    },
+)

@@ -9,7 +9,12 @@ __all__ = [
     "FUSED_ACTIVATION",
     "OWN_OUTPUT",
     "SHARED_OUTPUT",
+    "CONTRIBUTED",
+    "DYNAMIC_PATTERNS",
+    "QAT_BN_PATTERNS",
+    "SHARED_MULTI",
     "STATIC_PATTERNS",
+    "UNARY_OWN",
     "WEIGHTED",
     "activation_quant",
     "declared_capabilities",
@@ -39,14 +44,34 @@ SHARED_OUTPUT = ("cat", "max_pool2d", "flatten", "permute", "transpose", "view",
 #: averaging ops: quantized where their input is, with their own output qparams
 #: (QLinearAveragePool / QLinearGlobalAveragePool)
 AVERAGING = ("avg_pool2d", "adaptive_avg_pool2d")
-STATIC_PATTERNS = WEIGHTED + OWN_OUTPUT + SHARED_OUTPUT + AVERAGING
+#: one-input ops with their own output qparams whose input ORT quantizes wherever it comes from
+#: (QLinearSigmoid, QLinearSoftmax)
+UNARY_OWN = ("sigmoid", "softmax")
+#: ops this plugin adds to the vocabulary (``quantweave_patterns``), sharing their input's
+#: qparams where it is quantized: split (its outputs, getitem nodes, are not annotated as the
+#: split's output: every quantized consumer quantizes them with the split input's range, which
+#: is what ORT's Split unit needs) and resize (nearest / bilinear upsampling: ORT drops the
+#: DQ / Q pair around Resize)
+SHARED_MULTI = ("split",)
+CONTRIBUTED = ("split", "resize", "resize_bilinear")
+STATIC_PATTERNS = WEIGHTED + OWN_OUTPUT + SHARED_OUTPUT + AVERAGING + UNARY_OWN + CONTRIBUTED
+#: QAT: conv2d + batch norm (+ relu / clip) first, batch norm folded by convert
+QAT_BN_PATTERNS = ("conv2d_bn", "conv2d_bn_relu", "conv2d_bn_hardtanh", "conv2d_bn_relu6")
+#: dynamic (ORT's quantize_dynamic: DynamicQuantizeLinear -> MatMulInteger): the activation
+#: inputs of linear / matmul get uint8 qparams chosen at run time, outputs stay float
+DYNAMIC_PATTERNS = ("linear", "matmul")
 #: patterns whose ops form one quantized unit (no quantize / dequantize between them)
-FUSED_ACTIVATION = tuple(p for p in STATIC_PATTERNS if p.endswith(("_relu", "_relu6", "_hardtanh")))
+FUSED_ACTIVATION = tuple(
+    p for p in STATIC_PATTERNS + QAT_BN_PATTERNS if p.endswith(("_relu", "_relu6", "_hardtanh", "_bn"))
+)
 
 
-def activation_quant(activation_dtype: str = "uint8") -> TensorQuant:
+def activation_quant(activation_dtype: str = "uint8", symmetric: bool = False) -> TensorQuant:
     """uint8 [0, 255] (ORT's QUInt8 default) or int8 [-128, 127] (QInt8), both affine: a relu's
-    output then has the lowest value as zero point, which is what lets ORT drop the relu."""
+    output then has the lowest value as zero point, which is what lets ORT drop the relu.
+    ``symmetric``: int8 [-127, 127] with zero point 0 (QInt8 with ORT's ``ActivationSymmetric``)."""
+    if activation_dtype == "int8" and symmetric:
+        return TensorQuant("int8", -127, 127, "per_tensor", symmetric=True)
     if activation_dtype == "int8":
         return TensorQuant("int8", -128, 127, "per_tensor", symmetric=False)
     return TensorQuant("uint8", 0, 255, "per_tensor", symmetric=False)
@@ -68,30 +93,57 @@ def weight_quant(pattern: str, per_channel: bool = True, reduce_range: bool = Fa
 
 
 def declared_capabilities(
-    activation_dtype: str = "uint8", per_channel: bool = True, reduce_range: bool = False
+    activation_dtype: str = "uint8",
+    per_channel: bool = True,
+    reduce_range: bool = False,
+    is_dynamic: bool = False,
+    is_qat: bool = False,
+    symmetric_activations: bool = False,
 ) -> tuple[Capability, ...]:
     """What an ``ORTQuantizer`` with these options annotates (conformance-tested).
 
-    Static (post-training) only. Conv / transposed conv / linear quantize their input, their
-    weight and their output (float bias), so ONNX Runtime finds DQ -> op -> Q node units;
-    an activation after them is folded into the output's range (no Q / DQ between them).
-    add / mul / matmul quantize both inputs and their own output; cat, max pooling and the
-    shape ops share their input's qparams; average pooling gets its own."""
-    act = activation_quant(activation_dtype)
+    Static: conv / transposed conv / linear quantize their input, their weight and their
+    output (float bias), so ONNX Runtime finds DQ -> op -> Q node units; an activation after
+    them is folded into the output's range (no Q / DQ between them). add / mul / matmul
+    quantize both inputs and their own output, sigmoid / softmax their input and their own
+    output; cat, split, resize, max pooling and the shape ops share their input's qparams;
+    average pooling gets its own. ``is_qat``: the same through fake-quantizers, plus conv2d +
+    batch norm (+ relu / clip), whose last op quantizes its output. ``is_dynamic``: linear and
+    matmul with uint8 activations chosen at run time (ORT's ``MatMulInteger`` path), float
+    outputs. ``symmetric_activations`` (int8): no activation is folded into an output range (a
+    zero point of 0 does not clamp where relu does, so ORT keeps the relu): the fused patterns
+    are not offered, the op before the activation quantizes its own output."""
+    act = activation_quant(activation_dtype, symmetric_activations)
+    mode: Mode
+    patterns: tuple[str, ...]
+    if is_dynamic:
+        mode, patterns = Mode.DYNAMIC, DYNAMIC_PATTERNS
+    elif is_qat:
+        mode, patterns = Mode.QAT, QAT_BN_PATTERNS + STATIC_PATTERNS
+    else:
+        mode, patterns = Mode.STATIC, STATIC_PATTERNS
+    if symmetric_activations:
+        patterns = tuple(p for p in patterns if p not in FUSED_ACTIVATION or p == "conv2d_bn")
 
     def capability(pattern: str) -> Capability:
-        weighted = pattern in WEIGHTED
-        output = Quant.shared(0) if pattern in SHARED_OUTPUT else Quant.quantized(act)
+        weighted = pattern in WEIGHTED + QAT_BN_PATTERNS
+        if is_dynamic or pattern in SHARED_MULTI:  # split: its consumers quantize each output
+            output = FLOAT
+        elif pattern in SHARED_OUTPUT + CONTRIBUTED:
+            output = Quant.shared(0)
+        else:
+            output = Quant.quantized(act)
+        shares_input = pattern in SHARED_OUTPUT + AVERAGING + CONTRIBUTED and pattern != "cat"
         return Capability(
             pattern,
-            Mode.STATIC,
+            mode,
             act,
             weight_quant(pattern, per_channel, reduce_range) if weighted else None,
             quantizer="onnxruntime",
             output=output,
             bias=FLOAT if weighted else None,
-            fused=True if pattern in FUSED_ACTIVATION else None,
-            input_from="any" if pattern in SHARED_OUTPUT + AVERAGING and pattern != "cat" else None,
+            fused=True if pattern in FUSED_ACTIVATION and not is_dynamic else None,
+            input_from="any" if shares_input else None,
         )
 
-    return tuple(capability(p) for p in STATIC_PATTERNS)
+    return tuple(capability(p) for p in patterns)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["INT8_KERNELS", "export_onnx", "int8_kernels", "ort_session"]
+__all__ = ["INT8_KERNELS", "export_onnx", "int8_kernels", "ort_session", "to_onnx"]
 
 #: ONNX Runtime ops that run on int8 / uint8 data (what its QDQ node units become)
 INT8_KERNELS = frozenset(
@@ -48,7 +48,7 @@ def _missing(what: str, error: ImportError) -> ImportError:
     )
 
 
-def export_onnx(
+def to_onnx(
     converted: torch.nn.Module,
     example_inputs: tuple[Any, ...],
     path: str | os.PathLike[str],
@@ -60,21 +60,31 @@ def export_onnx(
 
     Uses ``torch.onnx.export(..., dynamo=True)``: quantize / dequantize become
     ``QuantizeLinear`` / ``DequantizeLinear``, int8 weights int8 initializers. Shapes are
-    those of ``example_inputs`` unless ``dynamic_shapes`` (``torch.export``'s form, e.g.
-    ``{"x": {0: torch.export.Dim("batch")}}``; export the float model with them too) says
-    otherwise. ``fold_relu``: drop a Relu whose QuantizeLinear clamps at zero anyway (zero point
-    the lowest value), as ORT's own quantizer does, so ORT finds the op's int8 node unit under
-    any of its rewrites. ``converted`` is not modified. Returns the path."""
+    those of ``example_inputs`` unless ``dynamic_shapes`` says otherwise: ``torch.export``'s
+    form, e.g. ``{"x": {0: torch.export.Dim("batch")}}`` for a dynamic batch or
+    ``{"tokens": {1: torch.export.Dim("seq")}}`` for a dynamic sequence (the ONNX inputs then
+    have symbolic dimensions; export the float model with the same ``dynamic_shapes``: the
+    converted module checks its input shapes). ``fold_relu``: drop a Relu whose QuantizeLinear
+    clamps at zero anyway (zero point the lowest value), as ORT's own quantizer does, so ORT
+    finds the op's int8 node unit under any of its rewrites. A dynamically quantized model
+    (``ORTQuantizer(is_dynamic=True)``) is written as ORT's ``quantize_dynamic`` writes one:
+    ``DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul``, which ORT fuses into
+    ``DynamicQuantizeMatMul``. ``converted`` is not modified. Returns the path."""
     if not isinstance(example_inputs, tuple):
-        raise TypeError(f"export_onnx: example_inputs must be a tuple of inputs; got {type(example_inputs).__name__}")
+        raise TypeError(f"to_onnx: example_inputs must be a tuple of inputs; got {type(example_inputs).__name__}")
     try:
         import onnxscript  # noqa: F401  (torch.onnx's dynamo exporter needs it)
     except ImportError as error:
-        raise _missing("export_onnx", error) from None
+        raise _missing("to_onnx", error) from None
     target = Path(path)
     if not target.parent.is_dir():
-        raise FileNotFoundError(f"export_onnx: directory {str(target.parent)!r} of {str(target)!r} does not exist")
+        raise FileNotFoundError(f"to_onnx: directory {str(target.parent)!r} of {str(target)!r} does not exist")
+    from . import _integer_ops
+
+    dynamic = _integer_ops.has_dynamic_quantization(converted)
     kwargs: dict[str, Any] = {"dynamo": True, "external_data": False}
+    if dynamic:
+        kwargs["custom_translation_table"] = _integer_ops.translations()
     if dynamic_shapes is not None:
         kwargs["dynamic_shapes"] = dynamic_shapes
     if opset_version is not None:
@@ -84,11 +94,17 @@ def export_onnx(
         warnings.filterwarnings("ignore", message="Exporting a model while it is in training mode")
         program = torch.onnx.export(converted, example_inputs, **kwargs)
     if program is None:  # pragma: no cover - dynamo export always returns its program
-        raise RuntimeError("export_onnx: torch.onnx.export returned no program")
+        raise RuntimeError("to_onnx: torch.onnx.export returned no program")
     program.save(str(target))
     if fold_relu:
         _fold_relu_into_quantize(target)
+    if dynamic:
+        _integer_ops.to_integer_ops(target)
     return target
+
+
+#: the name of :func:`to_onnx` before 0.2 (kept)
+export_onnx = to_onnx
 
 
 def _fold_relu_into_quantize(path: Path) -> None:

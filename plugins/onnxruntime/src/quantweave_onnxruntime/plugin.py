@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from quantweave.plugin_api import Quantizer, QuantizerInfo, hookimpl
+from quantweave.plugin_api import PatternSpec, Quantizer, QuantizerInfo, hookimpl
 
 from ._capabilities import declared_capabilities
+from ._patterns import patterns
 
 QUANTWEAVE_PLUGIN_API = 2
 
@@ -23,13 +24,22 @@ def make_quantizer(**options: Any) -> Quantizer:
 
 
 @hookimpl
+def quantweave_patterns() -> list[PatternSpec]:
+    return patterns()
+
+
+@hookimpl
 def quantweave_quantizers() -> list[QuantizerInfo]:
     return [
         QuantizerInfo(
             name="onnxruntime",
             factory=make_quantizer,
-            capabilities=declared_capabilities(),
+            capabilities=(
+                declared_capabilities() + declared_capabilities(is_dynamic=True) + declared_capabilities(is_qat=True)
+            ),
             description="ONNX Runtime QDQ: uint8 affine activations (int8 option), int8 per-channel weights, "
-            "quantized outputs; export_onnx() writes QuantizeLinear / DequantizeLinear",
+            "quantized outputs; static, dynamic (MatMulInteger) and QAT; to_onnx() writes QuantizeLinear / "
+            "DequantizeLinear",
+            mode_options={"dynamic": {"is_dynamic": True}, "qat": {"is_qat": True}},
         )
     ]
