@@ -21,10 +21,11 @@ me = pytest.importorskip("model_explorer", reason="needs quantweave[view] (ai-ed
 pytest.importorskip("matplotlib", reason="needs quantweave[plots] (matplotlib)")
 dacite = pytest.importorskip("dacite")
 
-import quantweave as qw  # noqa: E402
 from model_explorer import node_data_builder as ndb  # noqa: E402
 from model_explorer.consts import DEFAULT_SETTINGS  # noqa: E402
 from model_explorer.pytorch_exported_program_adapter_impl import PytorchExportedProgramAdapterImpl  # noqa: E402
+
+import quantweave as qw  # noqa: E402
 from quantweave import view  # noqa: E402
 from quantweave.cli import main  # noqa: E402
 from quantweave.numerics import NumericsReport, OpNumerics  # noqa: E402
@@ -173,7 +174,8 @@ def test_the_local_server_serves_the_graph_and_the_overlays(tmp_path):
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(proc.stdout.read().decode() if proc.stdout else "server did not start")
+                    output = proc.stdout.read().decode() if proc.stdout else ""
+                    raise AssertionError(f"server did not start: {output}") from None
                 time.sleep(0.5)
         assert b"<html" in _get(f"{base}/").lower()  # the web app, from the installed package
         graphs = json.loads(_get(f"{base}/api/v1/load_graphs_json?graph_index=0"))
@@ -214,7 +216,7 @@ def test_sqnr_plot_draws_the_compare_values_in_graph_order(flow, tmp_path, suffi
     by_node = numerics.by_node()
     assert plot.series["op_sqnr_db"] == pytest.approx([by_node[n].sqnr_db for n in plot.labels])
     assert plot.series["model_sqnr_db"] == pytest.approx([by_node[n].cumulative_sqnr_db for n in plot.labels])
-    assert min(zip(plot.series["op_sqnr_db"], plot.labels))[1] == HURT_NODE
+    assert min(zip(plot.series["op_sqnr_db"], plot.labels, strict=True))[1] == HURT_NODE
 
 
 def test_observer_plots_draw_what_calibration_recorded(flow, tmp_path):
@@ -239,7 +241,7 @@ def test_observer_plots_draw_what_calibration_recorded(flow, tmp_path):
         view.plot_observer(prepared, "conv2d", tmp_path / "x.png")
     with pytest.raises(KeyError, match="nope"):
         view.plot_observer(prepared, "nope", tmp_path / "x.png")
-    with pytest.raises(ValueError, match="x.gif"):
+    with pytest.raises(ValueError, match=r"x\.gif"):
         view.plot_observer(prepared, "relu_1", tmp_path / "x.gif")
 
 
@@ -277,7 +279,7 @@ def test_cli_writes_overlays_program_and_plots(tmp_path, capsys):
         ],
         manager=manager,
     )
-    stdout, stderr = capsys.readouterr()
+    _, stderr = capsys.readouterr()
     assert code == 0, stderr
     assert {p.name for p in out.iterdir()} == {f"{k}.json" for k in view.OVERLAYS} | {"model.pt2"}
     program = torch.export.load(str(out / "model.pt2"))
@@ -291,6 +293,8 @@ def test_cli_writes_overlays_program_and_plots(tmp_path, capsys):
 def test_cli_names_a_bad_plot_observer_argument(capsys):
     manager = PluginManager(entry_points=[])
     manager.register("x86", x86_plugin)
-    code = main(["view", "tests.view.hurt:cli_build", "--quantizer", "x86", "--plot-observer", "relu_1"], manager=manager)
+    code = main(
+        ["view", "tests.view.hurt:cli_build", "--quantizer", "x86", "--plot-observer", "relu_1"], manager=manager
+    )
     assert code == 2
     assert "--plot-observer" in capsys.readouterr().err

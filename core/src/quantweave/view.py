@@ -99,9 +99,7 @@ def _check_ids(where: str, names: Mapping[str, Any], ids: set[str]) -> None:
         )
 
 
-def overlays(
-    program: Any, numerics: NumericsReport, report: AnnotationReport | None = None
-) -> dict[str, Any]:
+def overlays(program: Any, numerics: NumericsReport, report: AnnotationReport | None = None) -> dict[str, Any]:
     """Model Explorer node data (``model_explorer.node_data_builder.ModelNodeData``), by
     overlay key (:data:`OVERLAYS`), for ``program`` (the float ExportedProgram) from
     ``numerics`` (:func:`quantweave.compare`) and, optionally, ``report``
@@ -286,7 +284,7 @@ def plot_fallback(result: FallbackResult, path: str | Path) -> Plot:
     if not isinstance(result, FallbackResult):
         raise TypeError(f"plot_fallback: result must be a quantweave.fallback result; got {type(result).__name__}")
     scores = [result.quantized_score, *(unit.score_with for unit in result.left_float)]
-    labels = ["all quantized", *("+" + ",".join(unit.nodes) for unit in result.left_float)]
+    labels = ["all quantized", *("+ " + ", ".join(unit.nodes) + " float" for unit in result.left_float)]
     fig, ax = plt.subplots(figsize=(max(5.0, 0.8 * len(scores) + 3), 4))
     xs = list(range(len(scores)))
     ax.plot(xs, scores, "o-", color="#1f78b4", label="score")
@@ -352,7 +350,8 @@ def plot_observer(model: GraphModule, node: str, path: str | Path, *, input_inde
         edges = torch.linspace(float(lo), float(hi), counts.numel() + 1)
         ax.bar(edges[:-1].tolist(), counts.tolist(), width=float(edges[1] - edges[0]), align="edge", color="#80b1d3")
         ax.set_xlabel("value")
-        ax.set_ylabel("count")
+        ax.set_ylabel("count (log scale)")
+        ax.set_yscale("log")  # an outlier's few values stay visible next to the bulk
         labels = tuple(f"{float(e):.4g}" for e in edges[:-1])
         series = {"count": tuple(bar_heights(ax))}
     else:
@@ -365,7 +364,7 @@ def plot_observer(model: GraphModule, node: str, path: str | Path, *, input_inde
             "min": tuple(float(p.get_y()) for p in ax.patches),
             "max": tuple(float(p.get_y() + p.get_height()) for p in ax.patches),
         }
-    ax.set_title(f"quantweave: observer {name} ({type(observer).__name__}) of {node!r}")
+    ax.set_title(f"observer {name} ({type(observer).__name__})\nof node {node!r}", fontsize=10)
     return Plot(_save(plt, fig, path), labels, series)
 
 
@@ -449,7 +448,9 @@ def run_view_command(args: Any, manager: Any) -> int:
         step = "annotation_report"
         report = annotation_report(prepared, quantizer, numerics=numerics)
     except Exception as exc:
-        return fail(f"{step} of MODEL {args.model} with --quantizer {args.quantizer} failed: {type(exc).__name__}: {exc}", 1)
+        return fail(
+            f"{step} of MODEL {args.model} with --quantizer {args.quantizer} failed: {type(exc).__name__}: {exc}", 1
+        )
     try:
         if args.plot_sqnr:
             print(f"wrote {plot_sqnr(numerics, program, args.plot_sqnr).path}")
@@ -461,7 +462,15 @@ def run_view_command(args: Any, manager: Any) -> int:
             for path in (*files.values(), Path(args.out) / "model.pt2"):
                 print(f"wrote {path}")
         elif not (args.plot_sqnr or observer_plots):
-            serve(program, numerics, report, name=args.model, host=args.host, port=args.port, open_browser=args.open_browser)
+            serve(
+                program,
+                numerics,
+                report,
+                name=args.model,
+                host=args.host,
+                port=args.port,
+                open_browser=args.open_browser,
+            )
     except (ImportError, ValueError, KeyError, IndexError, OSError) as exc:
         return fail(str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc))
     return 0

@@ -37,11 +37,10 @@ def import_pyplot() -> Any:
 def adapter_graph(program: Any, settings: dict[str, Any] | None = None) -> tuple[str, list[str]]:
     """The graph id and node ids Model Explorer's own PyTorch adapter gives ``program``
     (what the overlays must be keyed to)."""
-    me = import_model_explorer()
+    import_model_explorer()
     impl = importlib.import_module("model_explorer.pytorch_exported_program_adapter_impl")
     consts = importlib.import_module("model_explorer.consts")
     graphs = impl.PytorchExportedProgramAdapterImpl(program, settings or consts.DEFAULT_SETTINGS).convert()
-    del me
     graph = graphs["graphs"][0]
     return graph.id, [node.id for node in graph.nodes]
 
@@ -56,7 +55,7 @@ def offline_server() -> Iterator[Any]:
     """Model Explorer's ``server`` module with its release check (a request to pypi.org and
     GitHub after start, and from the page) replaced by a local answer for as long as the
     server runs: quantweave's view reaches no network."""
-    server = importlib.import_module("model_explorer.server")
+    server: Any = importlib.import_module("model_explorer.server")
     original = server._check_new_version
 
     def no_check(print_msg: bool = True) -> dict[str, str]:
