@@ -298,3 +298,18 @@ def test_cli_names_a_bad_plot_observer_argument(capsys):
     )
     assert code == 2
     assert "--plot-observer" in capsys.readouterr().err
+
+
+def test_cli_serve_names_a_taken_port(capsys):
+    manager = PluginManager(entry_points=[])
+    manager.register("x86", x86_plugin)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        code = main(
+            ["view", "tests.view.hurt:cli_build", "--quantizer", "x86", "--host", "127.0.0.1", "--port", str(port)],
+            manager=manager,
+        )
+    assert code == 2
+    assert f"port {port}" in capsys.readouterr().err
