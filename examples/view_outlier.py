@@ -36,7 +36,8 @@ class Net(nn.Module):
         return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
 
 
-def main(out: Path) -> None:
+def build() -> tuple[nn.Module, list[tuple[torch.Tensor]]]:
+    """(model, batches): the MODEL factory of ``quantweave view examples/view_outlier.py:build``."""
     torch.manual_seed(0)
     model = Net().eval()
     with torch.no_grad():  # the outlier channel
@@ -44,7 +45,11 @@ def main(out: Path) -> None:
         model.fc1.bias[0] = model.fc1.bias[0].abs() * 100.0 + 10.0
         model.fc2.weight[:, 0] /= 100.0
     gen = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(4, 3, 8, 8, generator=gen),) for _ in range(4)]
+    return model, [(torch.randn(4, 3, 8, 8, generator=gen),) for _ in range(4)]
+
+
+def main(out: Path) -> None:
+    model, batches = build()
 
     program = torch.export.export(model, batches[0])  # what Model Explorer draws
     float_model = program.module()

@@ -208,7 +208,8 @@ def serve(
     if not port_free(host, port):
         raise OSError(f"quantweave.view: port {port} on {host} is already in use; pass another port")
     config = me.config().add_model_from_pytorch(name, exported_program=program)
-    for key, node_data in data.items():
+    # Model Explorer shows the last one added first: op SQNR
+    for key, node_data in reversed(data.items()):
         config.add_node_data(OVERLAYS[key], node_data, model_name=name)
     with offline_server() as server:
         # a port other than 8080 is used as given (8080 lets Model Explorer pick a free one from 8080 up)
