@@ -206,6 +206,9 @@ def main(argv: Sequence[str] | None = None, manager: PluginManager | None = None
     p_cmp.add_argument("--compare-batches", type=int, help="compare on the first N batches (default: all)")
     p_cmp.add_argument("--top", type=int, help="show at most N rows (the worst)")
     p_cmp.add_argument("--json", action="store_true", help="print JSON (the compare result and the report)")
+    from .view import add_view_command, run_view_command
+
+    add_view_command(sub)
     p_new = sub.add_parser("new-plugin", help="generate a plugin project (package, quantizer, tests, pyproject)")
     p_new.add_argument("name", help="the plugin's name, e.g. 'acme' (distribution quantweave-acme)")
     p_new.add_argument("--dir", help="where to generate it (default: ./quantweave-NAME); must be absent or empty")
@@ -223,6 +226,8 @@ def main(argv: Sequence[str] | None = None, manager: PluginManager | None = None
     manager = manager or default_manager()
     if args.command == "compare":
         return _compare(args, manager)
+    if args.command == "view":
+        return run_view_command(args, manager)
     if args.command == "plugins":
         print(render_plugins(manager, args.json))
         return 0
