@@ -252,13 +252,3 @@ def test_a_quantizer_of_a_disabled_plugin_says_it_is_disabled_and_by_which_varia
         pm = manager(broken)
         with pytest.raises(qw.UnknownQuantizerError, match=r"plugin 'qw_broken' was not loaded \(failed: import"):
             pm.get_quantizer("qw_broken")
-
-
-def test_quantizers_have_a_repr_with_their_name_and_configuration():
-    template = pytest.importorskip("quantweave_contrib_template.quantizer")
-    assert repr(template.TemplateQuantizer()) == "TemplateQuantizer(name='template', is_dynamic=False)"
-    assert repr(template.TemplateQuantizer(is_dynamic=True)) == "TemplateQuantizer(name='template', is_dynamic=True)"
-    x86 = pytest.importorskip("quantweave_x86")
-    assert repr(x86.X86InductorQuantizer(reduce_range=True)).startswith(
-        "X86InductorQuantizer(name='x86', global=default(static, reduce_range), reduce_range=True"
-    )
