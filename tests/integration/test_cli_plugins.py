@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import quantweave as qw
 from quantweave.registry import PluginManager
 from tests.core.test_cli import run
 
@@ -47,3 +48,11 @@ def test_capability_details_show_what_happens_to_the_whole_pattern(capsys):
     conv = rows["conv2d_relu"]
     assert "int8[-128,127] per_channel axis 0 sym" in conv and "float" in conv and " yes " in conv
     assert lines[-1].startswith("quantizer: plugin:quantizer; activation/weight/bias: dtype[qmin,qmax]")
+
+
+def test_version_of_the_installed_distributions():
+    proc = subprocess.run([sys.executable, "-m", "quantweave", "--version"], capture_output=True, text=True, check=True)
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith(f"quantweave {qw.__version__} (plugin API 2, torch ")
+    x86 = importlib.metadata.version("quantweave-x86")
+    assert f"  plugin x86: quantweave-x86 {x86}, loaded" in lines
