@@ -44,3 +44,30 @@ class Snapshot:
         out = [what for what in ("code", "meta", "nodes", "attrs") if getattr(now, what) != getattr(self, what)]
         out += [f"state {k!r}" for k, v in self.state.items() if not torch.equal(now.state.get(k, v + 1), v)]
         return out
+
+
+def _messages(caught) -> list[str]:
+    """The message(s) of what a test caught: pytest's ExceptionInfo (``pytest.raises(...) as info``),
+    a warnings record (``pytest.warns(...) as record``, a list of them), an exception or a string."""
+    if isinstance(caught, str):
+        return [caught]
+    if isinstance(caught, BaseException):
+        return [str(caught)]
+    if hasattr(caught, "value") and isinstance(caught.value, BaseException):  # ExceptionInfo
+        return [str(caught.value)]
+    if hasattr(caught, "message"):  # one warnings.WarningMessage
+        return [str(caught.message)]
+    return [message for item in caught for message in _messages(item)]  # a record of warnings
+
+
+def assert_names(caught, *names: object) -> None:
+    """The message names each of ``names`` (the node, option, field, value, fix at fault), whatever
+    its wording: the test pins what a message says, not how. For a record of warnings, one warning
+    must name them all."""
+    messages = _messages(caught)
+    wanted = [str(name) for name in names]
+    if any(all(name in message for name in wanted) for message in messages):
+        return
+    closest = max(messages, key=lambda m: sum(name in m for name in wanted), default="")
+    missing = [name for name in wanted if name not in closest]
+    raise AssertionError(f"the message does not name {missing}: {closest!r}" if messages else "nothing was caught")

@@ -21,6 +21,7 @@ def load_quickstart():
     return module
 
 
+@pytest.mark.slow  # the whole example in a subprocess (tox env slow)
 def test_the_quickstart_runs_end_to_end_on_the_tiny_setting(tmp_path):
     pytest.importorskip("quantweave_x86")
     start = time.perf_counter()

@@ -30,12 +30,6 @@ def _exported() -> torch.fx.GraphModule:
     return torch.export.export(Net().eval(), (X,)).module()
 
 
-def _converted() -> torch.fx.GraphModule:
-    prepared = qw.prepare_pt2e(_exported(), qw.get_quantizer("x86"))
-    prepared(X)
-    return qw.convert_pt2e(prepared)
-
-
 def test_converting_a_model_that_was_never_prepared_warns_and_returns_a_float_copy():
     gm = _exported()
     before = Snapshot.of(gm)
@@ -53,15 +47,6 @@ def test_converting_a_symbolically_traced_model_warns_that_it_was_not_prepared()
     assert before.differences(traced) == []
 
 
-def test_converting_twice_warns_naming_a_quantize_node():
-    converted = _converted()
-    before = Snapshot.of(converted)
-    with pytest.warns(qw.MisuseWarning, match=r"converted already \(it holds quantize/dequantize ops, e\.g\. '\w+'\)"):
-        again = qw.convert_pt2e(converted)
-    assert torch.equal(again(X), converted(X))
-    assert before.differences(converted) == []
-
-
 def test_a_prepared_model_whose_quantizer_annotated_nothing_converts_without_a_warning():
     """Nothing to quantize is the quantizer's choice (annotation_report says why), not misuse."""
 
@@ -75,31 +60,4 @@ def test_a_prepared_model_whose_quantizer_annotated_nothing_converts_without_a_w
         warnings.simplefilter("error", qw.MisuseWarning)
         converted = qw.convert_pt2e(prepared)
     assert torch.equal(converted(X), prepared(X))
-    assert before.differences(prepared) == []
-
-
-def test_a_calibrated_prepared_model_converts_without_a_warning():
-    prepared = qw.prepare_pt2e(_exported(), qw.get_quantizer("x86"))
-    prepared(X)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", qw.MisuseWarning)
-        converted = qw.convert_pt2e(prepared)
-    assert any(n.target in qw.quantize_ops() for n in converted.graph.nodes)
-
-
-@pytest.mark.parametrize("fold", [1, "yes", None])
-def test_fold_quantize_that_is_not_a_bool_raises_naming_the_value(fold):
-    prepared = qw.prepare_pt2e(_exported(), qw.get_quantizer("x86"))
-    prepared(X)
-    before = Snapshot.of(prepared)
-    with pytest.raises(TypeError, match=rf"fold_quantize must be a bool; got {fold!r}"):
-        qw.convert_pt2e(prepared, fold_quantize=fold)
-    assert before.differences(prepared) == []
-
-
-def test_an_uncalibrated_model_raises_naming_its_observers():
-    prepared = qw.prepare_pt2e(_exported(), qw.get_quantizer("x86"))
-    before = Snapshot.of(prepared)
-    with pytest.raises(qw.ObserverNotCalibratedError, match=r"activation_post_process_\d+"):
-        qw.convert_pt2e(prepared)
     assert before.differences(prepared) == []

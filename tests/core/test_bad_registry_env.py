@@ -12,6 +12,7 @@ import pytest
 import quantweave as qw
 from quantweave.plugin_api import QuantizerInfo, hookimpl
 from quantweave.registry import ENV_DISABLE, ENV_LOAD, ENV_STRICT, PluginManager
+from tests.helpers import assert_names
 
 
 class Q(qw.Quantizer):
@@ -42,12 +43,14 @@ def manager(plugin: object | None = None, **environ: str) -> PluginManager:
 @pytest.mark.parametrize("value", ["ture", "2", "enabled", "y es", "-1"])
 def test_strict_plugins_value_not_understood_raises_naming_variable_value_and_accepted(value):
     pm = PluginManager(entry_points=[], environ={ENV_STRICT: value})
-    with pytest.raises(ValueError, match=rf"{ENV_STRICT}={value!r} is not understood") as info:
+    with pytest.raises(ValueError) as info:
         pm.plugins()
+    assert_names(info, ENV_STRICT, repr(value))
     for accepted in ("1", "true", "yes", "on", "0", "false", "no", "off", "empty"):
         assert accepted in str(info.value)
-    with pytest.raises(ValueError, match=ENV_STRICT):  # every query, not only the first: nothing half-loaded
+    with pytest.raises(ValueError) as info:  # every query, not only the first: nothing half-loaded
         pm.quantizer_infos()
+    assert_names(info, ENV_STRICT)
 
 
 @pytest.mark.parametrize(
@@ -79,32 +82,37 @@ def test_strict_plugins_unset_is_not_strict():
 @pytest.mark.parametrize("value", ["acme;other", "acme other"])
 def test_plugin_lists_not_separated_by_commas_warn_naming_the_variable_and_the_separator(variable, value):
     pm = PluginManager(entry_points=[], environ={variable: value})
-    with pytest.warns(qw.PluginWarning, match=rf"{variable} names {value!r}.*separate plugin names with commas"):
+    with pytest.warns(qw.PluginWarning) as caught:
         pm.plugins()
+    assert_names(caught, variable, repr(value), "commas")
 
 
 @pytest.mark.parametrize("name", [None, 3, ("alpha",)], ids=["None", "int", "tuple"])
 def test_a_quantizer_name_that_is_not_a_str_raises_naming_what_was_given(name):
     pm = manager(Plugin())
-    with pytest.raises(TypeError, match=rf"quantizer name must be a str.*got {type(name).__name__}.*available: acme"):
+    with pytest.raises(TypeError) as info:
         pm.get_quantizer(name)
+    assert_names(info, "quantizer name", "str", type(name).__name__, "acme")
 
 
 def test_a_quantizer_instead_of_its_name_says_get_quantizer_builds_from_a_name():
     pm = manager(Plugin())
-    with pytest.raises(TypeError, match=r"got Q .*builds a quantizer from its name"):
+    with pytest.raises(TypeError) as info:
         pm.get_quantizer(Q())
+    assert_names(info, "got Q", "from its name")
 
 
 def test_get_quantizer_with_none_through_the_top_level_api_raises_type_error():
-    with pytest.raises(TypeError, match=r"quantizer name must be a str such as 'x86'.*got NoneType None"):
+    with pytest.raises(TypeError) as info:
         qw.get_quantizer(None)
+    assert_names(info, "quantizer name", "str", "NoneType")
 
 
 def test_a_factory_that_returns_a_class_raises_naming_the_plugin_and_the_class():
     pm = manager(Plugin(factory=lambda **options: Q))
-    with pytest.raises(qw.PluginError, match=r"acme:alpha: factory returned the class Q, not an instance.*'acme'"):
+    with pytest.raises(qw.PluginError) as info:
         pm.get_quantizer("alpha")
+    assert_names(info, "acme:alpha", "class Q", "instance", "'acme'")
 
 
 def test_a_good_registry_neither_warns_nor_raises():

@@ -2,8 +2,6 @@
 debugger in the annotation report, worst first (issue 14)."""
 
 import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -185,17 +183,3 @@ def test_a_failing_step_is_named(capsys, pm):
     assert code == 1
     assert "prepare_pt2e of MODEL tests.core.test_cli_compare:build with --quantizer refusing failed" in err
     assert "AnnotationError: cannot annotate this" in err
-
-
-def test_the_installed_command_compares_with_a_plugin(tmp_path):
-    """The console script with the real plugin registry (x86 is installed with the core's tests)."""
-    pytest.importorskip("quantweave_x86")
-    result = subprocess.run(
-        [sys.executable, "-m", "quantweave", "compare", "tests.core.test_cli_compare:build", "--quantizer", "x86"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert result.returncode == 0, result.stderr
-    assert "quantized by x86" in result.stdout and "numerics: " in result.stdout

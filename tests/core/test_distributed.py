@@ -32,6 +32,8 @@ LAUNCH_TIMEOUT = 180  # seconds, per launch of 2 processes (a hang fails the tes
 #: the Histogram bound stated in docs/distributed.md: each end of the merged clipping range
 #: within this many of the 2048 bins of the union range of the one-process clipping range
 HISTOGRAM_BOUND_BINS = 128
+#: the tests that launch processes: marked slow, they run in the tox env slow
+multi_process = pytest.mark.slow
 
 
 def _free_port() -> int:
@@ -121,6 +123,7 @@ def one_process(prepared: torch.fx.GraphModule, batches: list[Any]) -> torch.fx.
 # -- exact kinds ----------------------------------------------------------------------------------
 
 
+@multi_process
 def test_minmax_and_per_channel_equal_one_process_on_the_union(main):
     reference = one_process(S.prepared_resnet(histogram=False), S.resnet_batches())
     expected_output = S.probe_output(reference)
@@ -134,6 +137,7 @@ def test_minmax_and_per_channel_equal_one_process_on_the_union(main):
     assert main[0]["minmax"]["summary"]["payload_bytes"] == main[1]["minmax"]["summary"]["payload_bytes"]
 
 
+@multi_process
 def test_histogram_after_range_pass_equals_one_process_running_the_same_two_passes(main):
     reference = S.prepared_resnet(histogram=True)
     S.two_pass(reference, S.resnet_batches())  # one process: range pass, then calibration, on the union
@@ -149,6 +153,7 @@ def test_histogram_after_range_pass_equals_one_process_running_the_same_two_pass
         assert result["summary"]["exact"] and result["summary"]["rebinned"] == ()
 
 
+@multi_process
 def test_histogram_one_pass_is_within_the_stated_bound_of_one_process(main):
     reference = one_process(S.prepared_resnet(histogram=True), S.resnet_batches())
     expected_clip, expected_qparams = S.clip_bins(reference), S.qparams(reference)
@@ -173,6 +178,7 @@ def test_histogram_one_pass_is_within_the_stated_bound_of_one_process(main):
 # -- defined, not exact ------------------------------------------------------------------------------
 
 
+@multi_process
 def test_moving_averages_become_the_mean_of_the_ranks_states(main):
     before = [main[rank]["moving_average"]["before"] for rank in range(S.WORLD)]
     expected = {}
@@ -193,6 +199,7 @@ def test_moving_averages_become_the_mean_of_the_ranks_states(main):
 # -- observers without data -------------------------------------------------------------------------------
 
 
+@multi_process
 def test_a_rank_without_data_changes_nothing(main):
     for kind in ("minmax", "histogram"):
         reference = one_process(S.prepared_resnet(histogram=kind == "histogram"), S.shard(S.resnet_batches(), 0))
@@ -202,6 +209,7 @@ def test_a_rank_without_data_changes_nothing(main):
             assert result["summary"]["exact"] and result["summary"]["uncalibrated"] == ()
 
 
+@multi_process
 def test_observers_without_data_anywhere_stay_uncalibrated(main):
     for rank in range(S.WORLD):
         result = main[rank]["nowhere"]
@@ -218,6 +226,7 @@ def test_observers_without_data_anywhere_stay_uncalibrated(main):
 # -- fake-quantizers --------------------------------------------------------------------------------
 
 
+@multi_process
 def test_fake_quantizers_sync_their_observer_and_refresh_scale_and_zero_point(main):
     reference = S.prepared_small(*S.QAT, qat=True)
     for batch in S.small_batches():
@@ -232,6 +241,7 @@ def test_fake_quantizers_sync_their_observer_and_refresh_scale_and_zero_point(ma
 # -- failures: every rank raises, nothing changes --------------------------------------------------------
 
 
+@multi_process
 def test_ranks_with_different_observers_raise_on_every_rank_naming_them(main):
     for rank in range(S.WORLD):
         result = main[rank]["mismatch"]
@@ -242,6 +252,7 @@ def test_ranks_with_different_observers_raise_on_every_rank_naming_them(main):
         assert "observers.HistogramObserver (bins=2048) on rank 1" in message
 
 
+@multi_process
 def test_observer_types_that_cannot_be_merged_are_named(main):
     for rank in range(S.WORLD):
         plugin = main[rank]["unsupported"]["plugin_observer"]
@@ -252,6 +263,7 @@ def test_observer_types_that_cannot_be_merged_are_named(main):
         assert "OverridingMinMax" in subclass["error"][1] and "overrides forward" in subclass["error"][1]
 
 
+@multi_process
 def test_a_rank_failing_inside_the_call_makes_every_rank_raise(main):
     for rank in range(S.WORLD):
         result = main[rank]["local_failure"]
@@ -259,6 +271,7 @@ def test_a_rank_failing_inside_the_call_makes_every_rank_raise(main):
         assert "rank 1: ValueError: observer activation_post_process_0" in result["error"][1]
 
 
+@multi_process
 def test_a_rank_failing_between_the_collectives_makes_every_rank_raise_with_nothing_changed(main):
     for rank in range(S.WORLD):
         result = main[rank]["failure_while_merging"]
@@ -267,12 +280,14 @@ def test_a_rank_failing_between_the_collectives_makes_every_rank_raise_with_noth
     assert "here: RuntimeError: rebin failed on purpose" in main[0]["failure_while_merging"]["error"][1]
 
 
+@multi_process
 def test_the_group_is_usable_after_those_errors(main):
     reference = one_process(S.prepared_small(S.MinMaxObserver, S.PerChannelMinMaxObserver), S.small_batches())
     for rank in range(S.WORLD):
         assert_same_states(main[rank]["usable_after_errors"]["states"], S.states(reference))
 
 
+@multi_process
 @pytest.mark.parametrize("mode", ["dead", "late"])
 def test_a_rank_that_never_arrives_makes_the_others_raise_within_the_timeout(mode, tmp_path):
     """``dead``: rank 1 exits during calibration (gloo sees the connection close);
@@ -379,6 +394,7 @@ def test_distributed_sync_error_is_a_runtime_error():
 # -- the example ----------------------------------------------------------------------------------------
 
 
+@multi_process
 def test_the_example_calibrates_on_two_processes_under_torchrun_and_saves_on_rank_0(tmp_path):
     command = [
         sys.executable,

@@ -69,6 +69,7 @@ def _same_state(ours, theirs, names=("min_val", "max_val")) -> bool:
     return all(torch.equal(getattr(ours, n), getattr(theirs, n)) for n in names)
 
 
+@pytest.mark.slow  # the histogram grid (tox env slow)
 @pytest.mark.filterwarnings("ignore:torch.inf detected")
 @pytest.mark.parametrize("kind", sorted(ADVERSARIAL))
 @pytest.mark.parametrize("bins", [2048, 300])

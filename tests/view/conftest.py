@@ -1,7 +1,1 @@
-import pytest
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "view: Model Explorer overlays and matplotlib plots (needs quantweave[view,plots]; tox 'view' env)"
-    )
+"""The ``view`` marker is registered in the root pyproject.toml with the others."""

@@ -43,6 +43,7 @@ def test_each_declared_capability_is_delivered(cap):
     assert check_capability(INFO, cap, plugin="x86") == []
 
 
+@pytest.mark.slow  # a whole-vocabulary sweep (tox env slow)
 def test_nothing_undeclared_is_annotated():
     assert_conforms(INFO, plugin="x86")
 

@@ -135,6 +135,7 @@ def _variant(**config):
     )
 
 
+@pytest.mark.slow  # a whole-vocabulary sweep (tox env slow)
 @pytest.mark.parametrize(
     "config",
     [{}, {"is_per_channel": True}, {"is_per_channel": True, "weight_qmin": -8, "weight_qmax": 7}],

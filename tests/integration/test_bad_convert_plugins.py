@@ -1,0 +1,55 @@
+"""Bad input at convert (issue #20), the cases that need a real quantizer (x86): moved from
+tests/core/test_bad_convert.py so that tests/core runs without plugins."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import quantweave as qw
+from tests.core.test_bad_convert import X, _exported
+from tests.helpers import Snapshot
+
+
+def _converted() -> torch.fx.GraphModule:
+    prepared = qw.prepare_pt2e(_exported(), qw.get_quantizer("x86"))
+    prepared(X)
+    return qw.convert_pt2e(prepared)
+
+
+def test_converting_twice_warns_naming_a_quantize_node():
+    converted = _converted()
+    before = Snapshot.of(converted)
+    with pytest.warns(qw.MisuseWarning, match=r"converted already \(it holds quantize/dequantize ops, e\.g\. '\w+'\)"):
+        again = qw.convert_pt2e(converted)
+    assert torch.equal(again(X), converted(X))
+    assert before.differences(converted) == []
+
+
+def test_a_calibrated_prepared_model_converts_without_a_warning():
+    prepared = qw.prepare_pt2e(_exported(), qw.get_quantizer("x86"))
+    prepared(X)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", qw.MisuseWarning)
+        converted = qw.convert_pt2e(prepared)
+    assert any(n.target in qw.quantize_ops() for n in converted.graph.nodes)
+
+
+@pytest.mark.parametrize("fold", [1, "yes", None])
+def test_fold_quantize_that_is_not_a_bool_raises_naming_the_value(fold):
+    prepared = qw.prepare_pt2e(_exported(), qw.get_quantizer("x86"))
+    prepared(X)
+    before = Snapshot.of(prepared)
+    with pytest.raises(TypeError, match=rf"fold_quantize must be a bool; got {fold!r}"):
+        qw.convert_pt2e(prepared, fold_quantize=fold)
+    assert before.differences(prepared) == []
+
+
+def test_an_uncalibrated_model_raises_naming_its_observers():
+    prepared = qw.prepare_pt2e(_exported(), qw.get_quantizer("x86"))
+    before = Snapshot.of(prepared)
+    with pytest.raises(qw.ObserverNotCalibratedError, match=r"activation_post_process_\d+"):
+        qw.convert_pt2e(prepared)
+    assert before.differences(prepared) == []
