@@ -1,1 +1,0 @@
-"""The ``view`` marker is registered in the root pyproject.toml with the others."""
