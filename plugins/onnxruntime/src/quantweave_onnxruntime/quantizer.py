@@ -49,6 +49,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 import quantweave as qw
+from quantweave import authoring, plugin_api
 from quantweave.authoring import calls, is_float_tensor, only_user
 from quantweave.observers import (
     FakeQuantize,
@@ -110,7 +111,7 @@ def _is_float32(arg: Any) -> bool:
 
 
 def _has_output_qparams(node: Node) -> bool:
-    annotation = node.meta.get(qw.ANNOTATION_KEY)
+    annotation = node.meta.get(plugin_api.ANNOTATION_KEY)
     return annotation is not None and getattr(annotation, "output_qspec", None) is not None
 
 
@@ -121,7 +122,7 @@ def _split_source(arg: Any) -> Node | None:
     split = arg.args[0]
     if not (isinstance(split, Node) and split.target in _SPLIT and is_annotated(split)):
         return None
-    annotation = split.meta.get(qw.ANNOTATION_KEY)
+    annotation = split.meta.get(plugin_api.ANNOTATION_KEY)
     source = split.args[0]
     if annotation is None or not isinstance(source, Node) or source not in annotation.input_qspec_map:
         return None
@@ -287,15 +288,15 @@ class ORTQuantizer(qw.Quantizer):
                 if not _is_float32(x) or not isinstance(weight, Node):
                     continue
                 assert isinstance(x, Node)
-                qw.annotate_input_qspec_map(node, x, self.act)
-                qw.annotate_input_qspec_map(node, weight, self._weights[0])
+                authoring.annotate_input_qspec_map(node, x, self.act)
+                authoring.annotate_input_qspec_map(node, weight, self._weights[0])
                 mark_annotated(node)
             elif node.target in _MATMUL:
                 if len(node.args) < 2 or not all(_is_float32(a) for a in node.args[:2]):
                     continue
                 for arg in node.args[:2]:
                     assert isinstance(arg, Node)
-                    qw.annotate_input_qspec_map(node, arg, self.act)
+                    authoring.annotate_input_qspec_map(node, arg, self.act)
                 mark_annotated(node)
         for node in model.graph.nodes:
             if node.op != "call_function" or is_annotated(node) or isinstance(node.meta.get(SKIP_REASON_KEY), str):
@@ -315,10 +316,10 @@ class ORTQuantizer(qw.Quantizer):
         activation = None if self.symmetric_activations else _only_user(bn, _WEIGHTED[conv.target])
         if activation is not None and is_annotated(activation):
             activation = None
-        qw.annotate_input_qspec_map(conv, x, self._input_spec(x))
-        qw.annotate_input_qspec_map(conv, weight, self._weights[0])
+        authoring.annotate_input_qspec_map(conv, x, self._input_spec(x))
+        authoring.annotate_input_qspec_map(conv, weight, self._weights[0])
         last = activation or bn
-        qw.annotate_output_qspec(last, self.act)
+        authoring.annotate_output_qspec(last, self.act)
         mark_annotated([conv, bn] + ([activation] if activation is not None else []))
 
     def _unary_own(self, node: Node) -> None:
@@ -326,8 +327,8 @@ class ORTQuantizer(qw.Quantizer):
         if not _is_float32(x):
             return
         assert isinstance(x, Node)
-        qw.annotate_input_qspec_map(node, x, self._input_spec(x))
-        qw.annotate_output_qspec(node, self.act)
+        authoring.annotate_input_qspec_map(node, x, self._input_spec(x))
+        authoring.annotate_output_qspec(node, self.act)
         mark_annotated(node)
 
     def _split(self, node: Node) -> None:
@@ -337,7 +338,7 @@ class ORTQuantizer(qw.Quantizer):
         x = self._quantized_input(node)
         if x is None:
             return
-        qw.annotate_input_qspec_map(node, x, qw.SharedQuantizationSpec(x))
+        authoring.annotate_input_qspec_map(node, x, qw.SharedQuantizationSpec(x))
         mark_annotated(node)
 
     def _input_spec(self, arg: Node) -> Any:
@@ -382,13 +383,13 @@ class ORTQuantizer(qw.Quantizer):
         if activation is not None and is_annotated(activation):  # claimed by an earlier quantizer
             activation = None
         axis = 1 if node.target in _TRANSPOSED else 0
-        qw.annotate_input_qspec_map(node, x, self._input_spec(x))
-        qw.annotate_input_qspec_map(node, weight, self._weights[axis])
+        authoring.annotate_input_qspec_map(node, x, self._input_spec(x))
+        authoring.annotate_input_qspec_map(node, weight, self._weights[axis])
         if activation is None:
-            qw.annotate_output_qspec(node, self.act)
+            authoring.annotate_output_qspec(node, self.act)
             mark_annotated(node)
         else:
-            qw.annotate_output_qspec(activation, self.act)
+            authoring.annotate_output_qspec(activation, self.act)
             mark_annotated([node, activation])
 
     def _binary(self, node: Node) -> None:
@@ -402,8 +403,8 @@ class ORTQuantizer(qw.Quantizer):
             return
         for arg in node.args[:2]:
             assert isinstance(arg, Node)
-            qw.annotate_input_qspec_map(node, arg, self._input_spec(arg))
-        qw.annotate_output_qspec(last, self.act)
+            authoring.annotate_input_qspec_map(node, arg, self._input_spec(arg))
+        authoring.annotate_output_qspec(last, self.act)
         mark_annotated([node] if last is node else [node, last])
 
     def _cat(self, node: Node) -> None:
@@ -413,12 +414,12 @@ class ORTQuantizer(qw.Quantizer):
         inputs: list[Node] = list(tensors)
         # one range for every input and the output, owned by the first quantized input
         owner = next((i for i in inputs if _has_output_qparams(i)), inputs[0])
-        qw.annotate_input_qspec_map(node, owner, self.act)
+        authoring.annotate_input_qspec_map(node, owner, self.act)
         shared = qw.SharedQuantizationSpec((owner, node))
         for other in inputs:
             if other is not owner:
-                qw.annotate_input_qspec_map(node, other, shared)
-        qw.annotate_output_qspec(node, shared)
+                authoring.annotate_input_qspec_map(node, other, shared)
+        authoring.annotate_output_qspec(node, shared)
         mark_annotated(node)
 
     def _quantized_input(self, node: Node) -> Node | None:
@@ -433,14 +434,14 @@ class ORTQuantizer(qw.Quantizer):
         if x is None:
             return
         shared = qw.SharedQuantizationSpec(x)
-        qw.annotate_input_qspec_map(node, x, shared)
-        qw.annotate_output_qspec(node, shared)
+        authoring.annotate_input_qspec_map(node, x, shared)
+        authoring.annotate_output_qspec(node, shared)
         mark_annotated(node)
 
     def _averaging(self, node: Node) -> None:
         x = self._quantized_input(node)
         if x is None:
             return
-        qw.annotate_input_qspec_map(node, x, qw.SharedQuantizationSpec(x))
-        qw.annotate_output_qspec(node, self.act)
+        authoring.annotate_input_qspec_map(node, x, qw.SharedQuantizationSpec(x))
+        authoring.annotate_output_qspec(node, self.act)
         mark_annotated(node)
