@@ -13,6 +13,8 @@ when anything is annotated where no declared pattern occurs.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from quantweave import QuantizationSpec
 from quantweave.authoring import Rule, RuleTable, annotate_input_qspec_map, annotate_output_qspec, node_op, only_user
@@ -38,16 +40,6 @@ STATIC_RELU = f"the {NAME} quantizer quantizes relu only fused after its conv2d 
 DYNAMIC_RELU = "dynamic mode quantizes linear only, relu stays float"
 
 
-def annotate_conv2d(quantizer: TemplateQuantizer, model: GraphModule) -> None:
-    """Rows conv2d and conv2d_relu."""
-    _annotate_weighted(quantizer, model, CONV2D)
-
-
-def annotate_linear(quantizer: TemplateQuantizer, model: GraphModule) -> None:
-    """Rows linear (static and dynamic) and linear_relu."""
-    _annotate_weighted(quantizer, model, LINEAR)
-
-
 def why_relu_float(node: Node, rule: str = STATIC_RELU) -> str | None:
     """Why a relu stayed float: ``rule``, and what the relu follows (None for other ops)."""
     if node_op(node) != RELU:
@@ -61,6 +53,33 @@ def why_relu_float(node: Node, rule: str = STATIC_RELU) -> str | None:
         return f"{rule}; its input {producer.name} has other users, so they are not fused"
     return f"{rule}; its input {producer.name} was not quantized by {NAME}"
 
+
+def annotate_weighted(quantizer: TemplateQuantizer, model: GraphModule, op: str) -> None:
+    """Inputs and weight of every ``op`` node not yet annotated; the output (static mode)
+    after the relu that is its only user, else its own."""
+    for node in model.graph.nodes:
+        if node.op != "call_function" or node_op(node) != op or is_annotated(node):
+            continue
+        x, weight = node.args[0], node.args[1]
+        if not isinstance(x, Node) or not isinstance(weight, Node):
+            set_skip_reason(node, "its input or weight is not a graph tensor (the quantizer quantizes only those)")
+            continue
+        annotate_input_qspec_map(node, x, quantizer.act)
+        annotate_input_qspec_map(node, weight, quantizer.weight)
+        mark_annotated(node)
+        if quantizer.is_dynamic:
+            continue  # dynamic: outputs stay float
+        user = only_user(node)
+        if user is not None and node_op(user) == RELU:
+            annotate_output_qspec(user, quantizer.act)
+            mark_annotated(user)
+        else:
+            annotate_output_qspec(node, quantizer.act)
+
+
+# The rows' steps, one per anchor op (the relu of a fused pattern is found from there).
+annotate_conv2d = partial(annotate_weighted, op=CONV2D)
+annotate_linear = partial(annotate_weighted, op=LINEAR)
 
 # Each row: inputs and weight (axis 0) quantized, a float bias, the output with its own
 # qparams (float in dynamic mode), and whether a fused pattern runs as one unit.
@@ -116,26 +135,3 @@ class TemplateQuantizer(Quantizer):
     def __repr__(self) -> str:
         # name and configuration: what a user needs to tell two quantizers apart in a log
         return f"{type(self).__name__}(name={self.name!r}, is_dynamic={self.is_dynamic})"
-
-
-def _annotate_weighted(quantizer: TemplateQuantizer, model: GraphModule, op: str) -> None:
-    """Inputs and weight of every ``op`` node not yet annotated; the output (static mode)
-    after the relu that is its only user, else its own."""
-    for node in model.graph.nodes:
-        if node.op != "call_function" or node_op(node) != op or is_annotated(node):
-            continue
-        x, weight = node.args[0], node.args[1]
-        if not isinstance(x, Node) or not isinstance(weight, Node):
-            set_skip_reason(node, "its input or weight is not a graph tensor (the quantizer quantizes only those)")
-            continue
-        annotate_input_qspec_map(node, x, quantizer.act)
-        annotate_input_qspec_map(node, weight, quantizer.weight)
-        mark_annotated(node)
-        if quantizer.is_dynamic:
-            continue  # dynamic: outputs stay float
-        user = only_user(node)
-        if user is not None and node_op(user) == RELU:
-            annotate_output_qspec(user, quantizer.act)
-            mark_annotated(user)
-        else:
-            annotate_output_qspec(node, quantizer.act)
