@@ -5,12 +5,16 @@ own tests and building its wheel is the tox env ``publish`` (tests/publish)."""
 
 import ast
 import importlib
+import os
+import subprocess
 import sys
 import tomllib
+import warnings
 from importlib import resources
 
 import pytest
 
+from quantweave._modules.surface import MOVED
 from quantweave.cli import main
 from quantweave.plugin_api import PLUGIN_API_RELEASES, PLUGIN_API_VERSION
 from quantweave.scaffold import _FILES, ScaffoldError, new_plugin, plugin_names
@@ -87,8 +91,8 @@ def test_pyproject_declares_the_entry_point_the_range_and_the_packaging(project)
 
 def test_the_package_imports_only_the_plugin_contract(project):
     root, _ = project
-    # quantweave.capabilities: vocabulary_op (ops compared as the pattern vocabulary names them)
-    allowed = {"quantweave", "quantweave.plugin_api", "quantweave.observers", "quantweave.capabilities"}
+    # quantweave.authoring: the kit the quantizer is written on (rule table, op matching, annotating)
+    allowed = {"quantweave", "quantweave.plugin_api", "quantweave.authoring", "quantweave.observers"}
     for path in (root / "src").rglob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
@@ -118,6 +122,78 @@ def test_the_generated_plugin_targets_the_current_api_and_conforms(generated_pac
     for cap in info.capabilities:
         assert None not in (cap.activation, cap.weight, cap.output, cap.bias), cap
     assert_plugin_conforms(generated_package, name=NAME)
+
+
+def test_the_generated_code_uses_no_deprecated_name(project):
+    """Nothing the scaffold writes reads a name that left quantweave's top level."""
+    root, _ = project
+    for path in (root / "src").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in ("qw", "quantweave")
+            ):
+                assert node.attr not in MOVED, f"{path.name} reads the deprecated quantweave.{node.attr}"
+            if isinstance(node, ast.ImportFrom) and node.module == "quantweave":
+                used = {alias.name for alias in node.names} & set(MOVED)
+                assert not used, f"{path.name} imports the deprecated {sorted(used)} from quantweave"
+
+
+def _quantweave_deprecations(caught):
+    return [
+        str(w.message) for w in caught if issubclass(w.category, DeprecationWarning) and "quantweave" in str(w.message)
+    ]
+
+
+def test_importing_and_using_the_generated_plugin_emits_no_quantweave_deprecation(project, generated_package):
+    import torch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quantizer_module = importlib.reload(importlib.import_module("quantweave_scaffold_probe.quantizer"))
+        importlib.reload(generated_package)
+        (info,) = generated_package.quantweave_quantizers()
+        model = torch.export.export(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()), (torch.randn(2, 4),))
+        for options in ({}, *info.mode_options.values()):
+            info.factory(**options).annotate(model.module())
+            info.factory(**options).quantization_capabilities()
+    assert info.capabilities == quantizer_module.CAPABILITIES
+    assert not _quantweave_deprecations(caught)
+
+
+def test_the_generated_conformance_test_passes_and_warns_no_quantweave_deprecation(project):
+    """The generated tests/test_conformance.py, run by pytest as its author runs it, with a
+    DeprecationWarning from quantweave (moved names, the moved module) made an error."""
+    root, _ = project
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root / "src"), *sys.path]), OMP_NUM_THREADS="1")
+    deprecations_are_errors = [
+        "-W",
+        "error:quantweave:DeprecationWarning",
+        "-W",
+        "error:the module quantweave:DeprecationWarning",
+    ]
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "pytest_quantweave.plugin",
+            *deprecations_are_errors,
+            "tests/test_conformance.py",
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout, result.stdout[-2000:]
 
 
 def test_the_generated_tests_call_the_kit(project):

@@ -1,60 +1,111 @@
-"""The template quantizer: int8 conv2d and linear, on quantweave's public API only.
+"""The template quantizer: int8 conv2d and linear, written on quantweave's authoring kit.
 
-Ops are compared as the pattern vocabulary knows them (``vocabulary_op``): ``relu_``
-(``nn.ReLU(inplace=True)``) is a relu, a conv with ``padding="same"`` is a conv2d. Every
-node of a declared op the quantizer leaves float gets a reason (``set_skip_reason``), which
-``quantweave.annotation_report`` shows.
+``TABLE`` has one row per pattern the quantizer quantizes: its modes, how it is declared,
+the step that annotates it and why a node of it stays float. The declaration
+(``CAPABILITIES``), the annotation and the reasons ``quantweave.annotation_report`` shows
+all come from it. Ops are compared as the pattern vocabulary names them (``node_op``):
+``relu_`` is a relu, a conv with ``padding="same"`` is a conv2d.
 
-Change the scheme to your backend's; keep ``CAPABILITIES`` true: the conformance test
+Change the scheme to your backend's; keep the rows true: the conformance test
 (tests/test_conformance.py) fails when the declaration and the annotations disagree, and
 when anything is annotated where no declared pattern occurs.
 """
 
 from __future__ import annotations
 
-import quantweave as qw
+from functools import partial
+
 import torch
-from quantweave.capabilities import vocabulary_op
+from quantweave import QuantizationSpec
+from quantweave.authoring import Rule, RuleTable, annotate_input_qspec_map, annotate_output_qspec, node_op, only_user
 from quantweave.observers import HistogramObserver, PerChannelMinMaxObserver, PlaceholderObserver
 from quantweave.plugin_api import (
-    FLOAT,
-    SKIP_REASON_KEY,
     Capability,
     Mode,
-    Quant,
+    Quantizer,
     TensorQuant,
+    is_annotated,
     mark_annotated,
     set_skip_reason,
 )
 from torch.fx import GraphModule, Node
 
+NAME = "template"
 CONV2D, LINEAR, RELU = "aten.conv2d.default", "aten.linear.default", "aten.relu.default"
 
 ACT = TensorQuant("int8", -128, 127, "per_tensor", symmetric=True)
 WEIGHT = TensorQuant("int8", -127, 127, "per_channel", symmetric=True, ch_axis=0)
-OWN = Quant.quantized(ACT)  # the output gets its own qparams
 
-# What the whole pattern does: inputs, weight (axis 0), float bias, the output, and whether
-# a fused pattern runs as one unit (no quantize/dequantize between conv and relu).
-CAPABILITIES = (
-    Capability("conv2d", Mode.STATIC, ACT, WEIGHT, output=OWN, bias=FLOAT),
-    Capability("conv2d_relu", Mode.STATIC, ACT, WEIGHT, output=OWN, bias=FLOAT, fused=True),
-    Capability("linear", Mode.STATIC, ACT, WEIGHT, output=OWN, bias=FLOAT),
-    Capability("linear_relu", Mode.STATIC, ACT, WEIGHT, output=OWN, bias=FLOAT, fused=True),
-    Capability("linear", Mode.DYNAMIC, ACT, WEIGHT, output=FLOAT, bias=FLOAT),
+STATIC_RELU = f"the {NAME} quantizer quantizes relu only fused after its conv2d / linear (conv2d_relu, linear_relu)"
+DYNAMIC_RELU = "dynamic mode quantizes linear only, relu stays float"
+
+
+def why_relu_float(node: Node, rule: str = STATIC_RELU) -> str | None:
+    """Why a relu stayed float: ``rule``, and what the relu follows (None for other ops)."""
+    if node_op(node) != RELU:
+        return None
+    producer = node.args[0] if node.args else None
+    if not isinstance(producer, Node):
+        return f"{rule}; its input is not a graph tensor"
+    if producer.op != "call_function" or node_op(producer) not in (CONV2D, LINEAR):
+        return f"{rule}; here it follows {producer.name}"
+    if len(producer.users) > 1:
+        return f"{rule}; its input {producer.name} has other users, so they are not fused"
+    return f"{rule}; its input {producer.name} was not quantized by {NAME}"
+
+
+def annotate_weighted(quantizer: TemplateQuantizer, model: GraphModule, op: str) -> None:
+    """Inputs and weight of every ``op`` node not yet annotated; the output (static mode)
+    after the relu that is its only user, else its own."""
+    for node in model.graph.nodes:
+        if node.op != "call_function" or node_op(node) != op or is_annotated(node):
+            continue
+        x, weight = node.args[0], node.args[1]
+        if not isinstance(x, Node) or not isinstance(weight, Node):
+            set_skip_reason(node, "its input or weight is not a graph tensor (the quantizer quantizes only those)")
+            continue
+        annotate_input_qspec_map(node, x, quantizer.act)
+        annotate_input_qspec_map(node, weight, quantizer.weight)
+        mark_annotated(node)
+        if quantizer.is_dynamic:
+            continue  # dynamic: outputs stay float
+        user = only_user(node)
+        if user is not None and node_op(user) == RELU:
+            annotate_output_qspec(user, quantizer.act)
+            mark_annotated(user)
+        else:
+            annotate_output_qspec(node, quantizer.act)
+
+
+# The rows' steps, one per anchor op (the relu of a fused pattern is found from there).
+annotate_conv2d = partial(annotate_weighted, op=CONV2D)
+annotate_linear = partial(annotate_weighted, op=LINEAR)
+
+# Each row: inputs and weight (axis 0) quantized, a float bias, the output with its own
+# qparams (float in dynamic mode), and whether a fused pattern runs as one unit.
+TABLE = RuleTable(
+    NAME,
+    [
+        Rule("conv2d", annotate_conv2d, weighted=True, output="quantized"),
+        Rule("conv2d_relu", annotate_conv2d, why_relu_float, weighted=True, output="quantized", fused=True),
+        Rule("linear", annotate_linear, weighted=True, output="quantized", modes=(Mode.STATIC, Mode.DYNAMIC)),
+        Rule("linear_relu", annotate_linear, why_relu_float, weighted=True, output="quantized", fused=True),
+    ],
 )
+CAPABILITIES = TABLE.capabilities(Mode.STATIC, ACT, WEIGHT) + TABLE.capabilities(Mode.DYNAMIC, ACT, WEIGHT)
 
 
-class TemplateQuantizer(qw.Quantizer):
+class TemplateQuantizer(Quantizer):
     """Static: conv2d / linear (+relu). Dynamic (``is_dynamic=True``): linear only."""
 
-    name = "template"
+    name = NAME
 
     def __init__(self, is_dynamic: bool = False) -> None:
         if not isinstance(is_dynamic, bool):
             raise TypeError(f"{type(self).__name__}: is_dynamic must be a bool; got {is_dynamic!r}")
         self.is_dynamic = is_dynamic
-        self.act = qw.QuantizationSpec(
+        self.mode = Mode.DYNAMIC if is_dynamic else Mode.STATIC
+        self.act = QuantizationSpec(
             dtype=torch.int8,
             quant_min=-128,
             quant_max=127,
@@ -62,7 +113,7 @@ class TemplateQuantizer(qw.Quantizer):
             is_dynamic=is_dynamic,
             observer_or_fake_quant_ctr=PlaceholderObserver if is_dynamic else HistogramObserver,
         )
-        self.weight = qw.QuantizationSpec(
+        self.weight = QuantizationSpec(
             dtype=torch.int8,
             quant_min=-127,
             quant_max=127,
@@ -72,64 +123,15 @@ class TemplateQuantizer(qw.Quantizer):
         )
 
     def annotate(self, model: GraphModule) -> GraphModule:
-        targets = (LINEAR,) if self.is_dynamic else (LINEAR, CONV2D)
-        for node in model.graph.nodes:
-            if node.op != "call_function" or _op(node) not in targets or qw.is_annotated(node):
-                continue
-            self._annotate_weighted(node)
-        self._explain_float(model)
+        for step in TABLE.steps_for(self.mode):  # dynamic: annotate_linear only
+            step(self, model)
+        # a reason on every relu left float (one an earlier quantizer recorded is kept)
+        TABLE.explain_float(model, (lambda node: why_relu_float(node, DYNAMIC_RELU)) if self.is_dynamic else None)
         return model
 
-    def _annotate_weighted(self, node: Node) -> None:
-        x, weight = node.args[0], node.args[1]
-        if not isinstance(x, Node) or not isinstance(weight, Node):
-            set_skip_reason(node, "its input or weight is not a graph tensor (the quantizer quantizes only those)")
-            return
-        qw.annotate_input_qspec_map(node, x, self.act)
-        qw.annotate_input_qspec_map(node, weight, self.weight)
-        mark_annotated(node)
-        if self.is_dynamic:
-            return  # dynamic: outputs stay float
-        users = list(node.users)
-        if len(users) == 1 and _op(users[0]) == RELU:
-            qw.annotate_output_qspec(users[0], self.act)
-            mark_annotated(users[0])
-        else:
-            qw.annotate_output_qspec(node, self.act)
-
-    def _explain_float(self, model: GraphModule) -> None:
-        """A reason on every relu the quantizer leaves float (it declares relu only fused
-        after its own conv2d / linear); a reason an earlier quantizer recorded is kept."""
-        for node in model.graph.nodes:
-            if node.op != "call_function" or _op(node) != RELU or qw.is_annotated(node):
-                continue
-            if isinstance(node.meta.get(SKIP_REASON_KEY), str):
-                continue
-            rule = (
-                f"the {self.name} quantizer quantizes relu only fused after its conv2d / linear "
-                "(conv2d_relu, linear_relu)"
-            )
-            if self.is_dynamic:
-                rule = "dynamic mode quantizes linear only, relu stays float"
-            producer = node.args[0] if node.args else None
-            if not isinstance(producer, Node):
-                set_skip_reason(node, f"{rule}; its input is not a graph tensor")
-            elif producer.op != "call_function" or _op(producer) not in (CONV2D, LINEAR):
-                set_skip_reason(node, f"{rule}; here it follows {producer.name}")
-            elif len(producer.users) > 1:
-                set_skip_reason(node, f"{rule}; its input {producer.name} has other users, so they are not fused")
-            else:
-                set_skip_reason(node, f"{rule}; its input {producer.name} was not quantized by {self.name}")
-
     def quantization_capabilities(self) -> tuple[Capability, ...]:
-        mode = Mode.DYNAMIC if self.is_dynamic else Mode.STATIC
-        return tuple(c for c in CAPABILITIES if c.mode is mode)
+        return TABLE.capabilities(self.mode, ACT, WEIGHT)
 
     def __repr__(self) -> str:
         # name and configuration: what a user needs to tell two quantizers apart in a log
         return f"{type(self).__name__}(name={self.name!r}, is_dynamic={self.is_dynamic})"
-
-
-def _op(node: Node) -> str:
-    """The op ``node`` computes, as the pattern vocabulary names it (in place or not)."""
-    return vocabulary_op(str(node.target))
