@@ -44,7 +44,7 @@ from ._modules.view_support import (
     offline_server,
     port_free,
 )
-from .fallback import FallbackResult
+from .float_fallback import FallbackResult
 from .numerics import NumericsReport
 from .observers import is_observer_module
 from .report import AnnotationReport
@@ -406,7 +406,7 @@ def run_view_command(args: Any, manager: Any) -> int:
     """``quantweave view``; returns the exit status."""
     import sys
 
-    from . import cli
+    from ._modules import cli_factory
     from .convert import convert_pt2e
     from .errors import PluginError, UnknownQuantizerError
     from .numerics import compare
@@ -425,10 +425,10 @@ def run_view_command(args: Any, manager: Any) -> int:
             if not sep or not node or not file or (colon and not index.isdigit()):
                 return fail(f"--plot-observer {item!r}: expected NODE=FILE or NODE:INPUT=FILE")
             observer_plots.append((node, int(index) if colon else None, file))
-        options = cli._parse_options(args.option)
-        model, batches = cli._call_factory(cli._load_factory(args.model), args.model)
+        options = cli_factory.parse_options(args.option)
+        model, batches = cli_factory.call_factory(cli_factory.load_factory(args.model), args.model)
         quantizer = manager.get_quantizer(args.quantizer, **options)
-    except cli.CompareError as exc:
+    except cli_factory.CompareError as exc:
         return fail(str(exc))
     except (UnknownQuantizerError, TypeError, PluginError) as exc:
         return fail(f"--quantizer {args.quantizer}: {exc}")
