@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from quantweave.plugin_api import FLOAT, Capability, Mode, Quant, TensorQuant
+from dataclasses import replace
 
-from ._rules import RULES, Rule
+from quantweave.authoring import Rule
+from quantweave.plugin_api import Capability, Mode, TensorQuant
+
+from ._rules import TABLE
 
 __all__ = ["declared_capabilities"]
 
@@ -35,28 +38,11 @@ def declared_capabilities(
         axis = 1 if pattern.startswith("conv_transpose") else 0
         return TensorQuant("int8", weight_qmin, weight_qmax, "per_channel", symmetric=True, ch_axis=axis)
 
-    if is_dynamic:
-        mode = Mode.DYNAMIC
-    elif is_qat:
-        mode = Mode.QAT
-    else:
-        mode = Mode.STATIC
+    mode = Mode.DYNAMIC if is_dynamic else Mode.QAT if is_qat else Mode.STATIC
 
     def capability(rule: Rule) -> Capability:
-        weighted = rule.matcher is not None and rule.matcher.weighted
-        own = FLOAT if mode is Mode.DYNAMIC else Quant.quantized(act)
-        output = Quant.shared(0) if rule.shares_input else own
-        return Capability(
-            rule.pattern,
-            mode,
-            act,
-            weight(rule.pattern) if weighted else None,
-            quantizer="xnnpack",
-            output=output,
-            bias=FLOAT if weighted else None,
-            fused=rule.fused,
-            input_from="any" if rule.matcher is None else None,
-            notes=rule.dynamic_note if mode is Mode.DYNAMIC else "",
-        )
+        # dynamic activations leave the outputs float; the rows' notes speak of dynamic conv only
+        row = replace(rule, output="float") if mode is Mode.DYNAMIC else replace(rule, notes="")
+        return row.capability(mode, TABLE.quantizer, act, weight(rule.pattern))
 
-    return tuple(capability(rule) for rule in RULES if mode in rule.modes)
+    return tuple(capability(rule) for rule in TABLE if rule.applies(mode))

@@ -5,21 +5,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import replace
-from typing import Any
 
 import torch
 
 import quantweave as qw
-from quantweave.observers import (
-    FakeQuantize,
-    FusedMovingAvgObsFakeQuantize,
-    HistogramObserver,
-    MinMaxObserver,
-    MovingAverageMinMaxObserver,
-    MovingAveragePerChannelMinMaxObserver,
-    PerChannelMinMaxObserver,
-    PlaceholderObserver,
-)
+from quantweave.authoring import activation_observer, weight_observer
+from quantweave.observers import FakeQuantize, FusedMovingAvgObsFakeQuantize
 
 __all__ = ["ACT_GRANULARITIES", "get_symmetric_quantization_config", "transpose_weight_spec"]
 
@@ -70,21 +61,8 @@ def get_symmetric_quantization_config(
             "time: it needs is_dynamic=True, is_qat=False, act_qmin=-128, act_qmax=127; got "
             f"is_dynamic={is_dynamic}, is_qat={is_qat}, act_qmin={act_qmin}, act_qmax={act_qmax}"
         )
-    act_ctr: Any
-    if is_qat and is_dynamic:
-        act_ctr = FakeQuantize.with_args(
-            eps=2**-12, observer=MovingAverageMinMaxObserver.with_args(averaging_constant=1)
-        )
-    elif is_qat:
-        act_ctr = FusedMovingAvgObsFakeQuantize.with_args(eps=2**-12)
-    else:
-        act_ctr = (PlaceholderObserver if is_dynamic else HistogramObserver).with_args(eps=2**-12)
-    weight_ctr: Any
-    if is_qat:
-        observer = MovingAveragePerChannelMinMaxObserver if is_per_channel else MovingAverageMinMaxObserver
-        weight_ctr = FusedMovingAvgObsFakeQuantize.with_args(eps=2**-12, observer=observer)
-    else:
-        weight_ctr = (PerChannelMinMaxObserver if is_per_channel else MinMaxObserver).with_args(eps=2**-12)
+    act_ctr = activation_observer(is_qat=is_qat, is_dynamic=is_dynamic)
+    weight_ctr = weight_observer(per_channel=is_per_channel, is_qat=is_qat)
     act = qw.QuantizationSpec(
         dtype=torch.int8,
         quant_min=act_qmin,

@@ -1,16 +1,15 @@
-"""Graph reading helpers of the XNNPACK quantizer: the aten op sets it matches, node tests,
-``get_attr`` values and the annotations already on a node."""
+"""What the XNNPACK quantizer reads off a graph: the aten op sets it matches, weight shapes,
+scalar operands and the qparams producers already have (the rest is :mod:`quantweave.authoring`)."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Iterable
-from typing import Any, TypeGuard
+from typing import Any
 
 import torch
 from torch.fx import Node
 
 import quantweave as qw
+from quantweave.authoring import attr_value, calls, tensor_value
 from quantweave.plugin_api import ANNOTATION_KEY
 
 aten = torch.ops.aten
@@ -67,47 +66,18 @@ FILTERED = CONV | CONV_T | LINEAR | ADD | MUL | CAT | POOL | SHARE_QPARAMS
 HISTC_LIMIT = 3.4028235e15
 
 
-def calls(node: Any, targets: Iterable[Any]) -> TypeGuard[Node]:
-    return isinstance(node, Node) and node.op == "call_function" and node.target in targets
-
-
-def _val(node: Any) -> Any:
-    return node.meta.get("val") if isinstance(node, Node) else None
-
-
-def is_float32(node: Any) -> bool:
-    val = _val(node)
-    return isinstance(val, torch.Tensor) and val.dtype == torch.float32
-
-
-def only_user(node: Node) -> Node | None:
-    return next(iter(node.users)) if len(node.users) == 1 else None
-
-
-def _attr(node: Node) -> Any:
-    """The value a ``get_attr`` node reads (``None`` when it cannot be read)."""
-    owner = node.graph.owning_module
-    if node.op != "get_attr" or not isinstance(node.target, str) or owner is None:
-        return None
-    try:
-        return functools.reduce(getattr, node.target.split("."), owner)
-    except AttributeError:
-        return None
-
-
-def is_huge_scalar(node: Node) -> bool:
-    value = _attr(node)
-    return isinstance(value, torch.Tensor) and value.numel() == 1 and abs(float(value.item())) > HISTC_LIMIT
-
-
 def weight_shape(node: Any) -> tuple[int, ...] | None:
     """Shape of a weight: from its fake value, or (a get_attr whose value a pass did not
     record, e.g. a batch-norm-folded weight) from the tensor itself."""
-    val = _val(node)
-    if isinstance(val, torch.Tensor):
-        return tuple(val.shape)
-    value = _attr(node) if isinstance(node, Node) else None
+    value = tensor_value(node)
+    if value is None:
+        value = attr_value(node)
     return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+
+
+def is_huge_scalar(node: Node) -> bool:
+    value = attr_value(node)
+    return isinstance(value, torch.Tensor) and value.numel() == 1 and abs(float(value.item())) > HISTC_LIMIT
 
 
 def conv_transpose_groups(node: Node) -> int:

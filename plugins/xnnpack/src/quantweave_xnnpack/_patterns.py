@@ -11,6 +11,7 @@ from typing import Any
 from torch.fx import GraphModule, Node
 
 import quantweave as qw
+from quantweave.authoring import calls, is_float_tensor, only_user
 
 from ._config import transpose_weight_spec
 from ._graph import (
@@ -21,12 +22,9 @@ from ._graph import (
     LINEAR,
     POOL,
     RELU,
-    calls,
     conv_transpose_groups,
     has_output_qparams,
-    is_float32,
     is_huge_scalar,
-    only_user,
     traces_to_output_qparams,
     weight_shape,
 )
@@ -85,7 +83,7 @@ def find_conv_bn(gm: GraphModule, with_relu: bool, transpose: bool = False) -> I
         if transpose and conv_transpose_groups(conv) != 1:
             continue  # left to conv_transpose, which records why
         bn = only_user(conv)
-        if bn is None or not calls(bn, BATCH_NORM) or bn.args[0] is not conv:
+        if bn is None or not calls(bn, BATCH_NORM) or bn.args[:1] != (conv,):
             continue
         relu = only_user(bn) if with_relu else None
         if with_relu and (relu is None or not calls(relu, RELU)):
@@ -101,7 +99,7 @@ def _op_then_relu(gm: GraphModule, ops: frozenset[Any]) -> Iterator[tuple[Node, 
         if not calls(relu, RELU):
             continue
         node = relu.args[0]
-        if calls(node, ops) and len(node.users) == 1:
+        if isinstance(node, Node) and calls(node, ops) and len(node.users) == 1:
             yield node, relu
 
 
@@ -169,7 +167,7 @@ def _binary(node: Node, last: Node) -> Annotate:
                 continue
             if is_huge_scalar(operand):
                 return HUGE_SCALAR.format(operand.name)
-            if not is_float32(operand):
+            if not is_float_tensor(operand):
                 return NOT_FLOAT32.format(operand.name)
         for operand in node.args[:2]:
             if isinstance(operand, Node):
@@ -199,7 +197,7 @@ def find_cat(gm: GraphModule) -> Iterator[Match]:
         def annotate(config: qw.QuantizationConfig, cat: Node = cat) -> str | None:
             tensors: Any = cat.args[0]
             inputs = [i for i in tensors if isinstance(i, Node)]
-            if len(inputs) != len(tensors) or not all(is_float32(i) for i in inputs):
+            if len(inputs) != len(tensors) or not all(is_float_tensor(i) for i in inputs):
                 return CAT_NOT_FLOAT32
             owner = next((i for i in inputs if traces_to_output_qparams(i)), inputs[0])
             qw.annotate_input_qspec_map(cat, owner, config.input_activation)

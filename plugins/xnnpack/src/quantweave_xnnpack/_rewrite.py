@@ -3,30 +3,31 @@ float32 buffers, so they can be observed (:meth:`XNNPACKQuantizer.transform_for_
 
 from __future__ import annotations
 
-import copy
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch.fx import GraphModule
 
-from ._graph import ADD, MUL, calls, is_float32
+from quantweave.authoring import calls, copy_for_rewrite, finish_rewrite, is_float_tensor
+
+from ._graph import ADD, MUL
 
 __all__ = ["scalars_to_buffers"]
 
 
 def scalars_to_buffers(model: GraphModule) -> GraphModule:
-    def scalar(arg: Any) -> bool:
+    def scalar(arg: Any) -> TypeGuard[int | float]:
         return isinstance(arg, (int, float)) and not isinstance(arg, bool)
 
     todo = [
-        n.name for n in model.graph.nodes if calls(n, ADD | MUL) and is_float32(n) and any(scalar(a) for a in n.args)
+        n.name
+        for n in model.graph.nodes
+        if calls(n, ADD | MUL) and is_float_tensor(n) and any(scalar(a) for a in n.args)
     ]
     if not todo:
         return model
-    graph = copy.deepcopy(model.graph)  # nodes and meta dicts are new; tensors are not copied
-    result = GraphModule(model, graph)
-    result.meta.update(model.meta)
-    by_name = {n.name: n for n in graph.nodes}
+    result, by_name = copy_for_rewrite(model)  # the caller's graph is never touched; tensors are shared
+    graph = result.graph
     counter = 0
     for name in todo:
         node = by_name[name]
@@ -45,5 +46,4 @@ def scalars_to_buffers(model: GraphModule) -> GraphModule:
             constant.meta["val"] = fake_mode.from_tensor(value, static_shapes=True) if fake_mode else value
             args[i] = constant
         node.args = tuple(args)
-    result.recompile()
-    return result
+    return finish_rewrite(result)

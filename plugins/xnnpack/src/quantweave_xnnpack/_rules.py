@@ -1,13 +1,13 @@
 """The XNNPACK rule table: what the quantizer declares and how it annotates, in one place.
 
-:data:`MATCHERS` are the ways a pattern is found and annotated, in the order the quantizer
-applies them (the first to claim a node wins); :data:`RULES` are the vocabulary patterns it
-declares, one row each, naming the matcher that annotates the pattern (``None``: the
-qparam-sharing pass after the matchers), the modes it is declared in and how its output is
-quantized. ``declared_capabilities`` (:mod:`._capabilities`) is read off the rows, and the
-modes a matcher is applied in are the modes of the rows that name it, so the declaration
-and the annotation cannot disagree. Why a match stays float is said by the matcher
-(:mod:`._patterns`) and by the pass that explains what is left (:mod:`._share`).
+:data:`TABLE` (an authoring-kit :class:`~quantweave.authoring.RuleTable`) has one row per
+declared vocabulary pattern, in declaration order: the :class:`Matcher` that finds and
+annotates it (``None``: the qparam-sharing pass after the matchers, whose rows say why such an
+op stayed float), the modes it is declared in and how its output is quantized. The matchers
+run in :data:`MATCHERS` order (the first to claim a node wins), each in the modes of the rows
+that name it, and ``declared_capabilities`` (:mod:`._capabilities`) is read off the same rows,
+so the declaration and the annotation cannot disagree. Why a match stays float is returned by
+its matcher (:mod:`._patterns`).
 """
 
 from __future__ import annotations
@@ -19,54 +19,44 @@ from typing import Any
 from torch.fx import GraphModule
 
 import quantweave as qw
+from quantweave.authoring import Rule, RuleTable
 from quantweave.plugin_api import Mode
 
 from . import _patterns as p
-from ._graph import ADD, CONV, CONV_T, LINEAR, MUL
+from ._graph import ADD, CAT, CONV, CONV_T, LINEAR, MUL, POOL
+from ._share import no_quantized_input
 
-__all__ = ["MATCHERS", "RULES", "Matcher", "Rule", "applies"]
+__all__ = ["MATCHERS", "TABLE", "Matcher", "steps_for"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Matcher:
-    """One way of finding and annotating a pattern."""
+    """One way of finding and annotating a pattern: the step of the rows that name it."""
 
     name: str
     anchors: frozenset[Any]  # the anchor ops (operator-type configs select on these)
     find: Callable[[GraphModule], Iterator[p.Match]]
-    weighted: bool = False  # a conv / linear: weight quantized, bias float
 
-    @property
-    def rules(self) -> tuple[Rule, ...]:
-        return tuple(r for r in RULES if r.matcher is self)
-
-    @property
-    def dynamic(self) -> bool:
-        """Applied by a dynamic config."""
-        return any(Mode.DYNAMIC in r.modes for r in self.rules)
-
-    @property
-    def qat_only(self) -> bool:
-        """Applied only by a QAT config."""
-        return all(r.modes == {Mode.QAT} for r in self.rules)
+    def __call__(self, gm: GraphModule) -> Iterator[p.Match]:
+        return self.find(gm)
 
 
-_CONV_BN_RELU = Matcher("conv_bn_relu", CONV, lambda gm: p.find_conv_bn(gm, True), True)
-_CONV_BN = Matcher("conv_bn", CONV, lambda gm: p.find_conv_bn(gm, False), True)
-_CONV_T_BN_RELU = Matcher("conv_transpose_bn_relu", CONV_T, lambda gm: p.find_conv_bn(gm, True, True), True)
-_CONV_T_BN = Matcher("conv_transpose_bn", CONV_T, lambda gm: p.find_conv_bn(gm, False, True), True)
-_LINEAR_RELU = Matcher("linear_relu", LINEAR, p.find_linear_relu, True)
-_LINEAR = Matcher("linear", LINEAR, p.find_linear, True)
-_CONV = Matcher("conv", CONV, lambda gm: p.find_conv(gm, False), True)
-_CONV_T = Matcher("conv_transpose", CONV_T, lambda gm: p.find_conv(gm, True), True)
-_CONV_RELU = Matcher("conv_relu", CONV, lambda gm: p.find_conv_relu(gm, False), True)
-_CONV_T_RELU = Matcher("conv_transpose_relu", CONV_T, lambda gm: p.find_conv_relu(gm, True), True)
-_POOL = Matcher("adaptive_avg_pool2d", p.POOL, p.find_adaptive_avg_pool2d)
+_CONV_BN_RELU = Matcher("conv_bn_relu", CONV, lambda gm: p.find_conv_bn(gm, True))
+_CONV_BN = Matcher("conv_bn", CONV, lambda gm: p.find_conv_bn(gm, False))
+_CONV_T_BN_RELU = Matcher("conv_transpose_bn_relu", CONV_T, lambda gm: p.find_conv_bn(gm, True, True))
+_CONV_T_BN = Matcher("conv_transpose_bn", CONV_T, lambda gm: p.find_conv_bn(gm, False, True))
+_LINEAR_RELU = Matcher("linear_relu", LINEAR, p.find_linear_relu)
+_LINEAR = Matcher("linear", LINEAR, p.find_linear)
+_CONV = Matcher("conv", CONV, lambda gm: p.find_conv(gm, False))
+_CONV_T = Matcher("conv_transpose", CONV_T, lambda gm: p.find_conv(gm, True))
+_CONV_RELU = Matcher("conv_relu", CONV, lambda gm: p.find_conv_relu(gm, False))
+_CONV_T_RELU = Matcher("conv_transpose_relu", CONV_T, lambda gm: p.find_conv_relu(gm, True))
+_POOL = Matcher("adaptive_avg_pool2d", POOL, p.find_adaptive_avg_pool2d)
 _ADD_RELU = Matcher("add_relu", ADD, lambda gm: p.find_binary_relu(gm, ADD))
 _ADD = Matcher("add", ADD, lambda gm: p.find_binary(gm, ADD))
 _MUL_RELU = Matcher("mul_relu", MUL, lambda gm: p.find_binary_relu(gm, MUL))
 _MUL = Matcher("mul", MUL, lambda gm: p.find_binary(gm, MUL))
-_CAT = Matcher("cat", p.CAT, p.find_cat)
+_CAT = Matcher("cat", CAT, p.find_cat)
 
 #: the matchers in the order they are applied
 MATCHERS: tuple[Matcher, ...] = (
@@ -88,79 +78,90 @@ MATCHERS: tuple[Matcher, ...] = (
     _CAT,
 )
 
-_QAT = frozenset({Mode.QAT})
-_STATIC = frozenset({Mode.STATIC, Mode.QAT})
-_ALL = frozenset({Mode.STATIC, Mode.QAT, Mode.DYNAMIC})
-_DYNAMIC_CONV = "dynamic: 4-D non-depthwise weights only"
+_QAT = (Mode.QAT,)
+_STATIC = (Mode.STATIC, Mode.QAT)
+_ALL = (Mode.STATIC, Mode.QAT, Mode.DYNAMIC)
+#: a note on the dynamic declarations of conv (dropped from the static and QAT ones)
+DYNAMIC_CONV_NOTE = "dynamic: 4-D non-depthwise weights only"
 
 
-@dataclass(frozen=True)
-class Rule:
-    """One declared pattern: the matcher that annotates it, in which modes, and its output."""
-
-    pattern: str  # vocabulary name
-    matcher: Matcher | None  # None: quantized by the qparam-sharing pass where its input is
-    modes: frozenset[Mode] = _STATIC
-    shares_input: bool = False  # output takes its input's qparams (else its own; float when dynamic)
-    fused: bool | None = None  # multi-op patterns: one quantized unit (False: relu6 / hardtanh share the output)
-    dynamic_note: str = ""
+def _weighted(pattern: str, matcher: Matcher, modes: tuple[Mode, ...] = _STATIC, **kw: Any) -> Rule:
+    return Rule(pattern, matcher, modes=modes, weighted=True, output="quantized", **kw)
 
 
-def _share(pattern: str) -> Rule:
-    return Rule(pattern, None, shares_input=True)
+def _own(pattern: str, matcher: Matcher, **kw: Any) -> Rule:
+    return Rule(pattern, matcher, modes=_STATIC, output="quantized", **kw)
 
 
-#: the declared patterns, in declaration order
-RULES: tuple[Rule, ...] = (
-    Rule("conv2d_bn", _CONV_BN, _QAT, fused=True),
-    Rule("conv2d_bn_relu", _CONV_BN_RELU, _QAT, fused=True),
-    Rule("conv2d_bn_hardtanh", _CONV_BN, _QAT, fused=False),
-    Rule("conv2d_bn_relu6", _CONV_BN, _QAT, fused=False),
-    Rule("conv_transpose2d_bn", _CONV_T_BN, _QAT, fused=True),
-    Rule("conv_transpose2d_bn_relu", _CONV_T_BN_RELU, _QAT, fused=True),
-    Rule("conv1d", _CONV),
-    Rule("conv1d_relu", _CONV_RELU, fused=True),
-    Rule("conv2d", _CONV, _ALL, dynamic_note=_DYNAMIC_CONV),
-    Rule("conv2d_relu", _CONV_RELU, fused=True),
-    Rule("conv2d_hardtanh", _CONV, fused=False),
-    Rule("conv2d_relu6", _CONV, fused=False),
-    Rule("conv_transpose2d", _CONV_T, _ALL, dynamic_note=_DYNAMIC_CONV),
-    Rule("conv_transpose2d_relu", _CONV_T_RELU, fused=True),
-    Rule("linear", _LINEAR, _ALL),
-    Rule("linear_relu", _LINEAR_RELU, fused=True),
-    Rule("add", _ADD),
-    Rule("add_relu", _ADD_RELU, fused=True),
-    Rule("mul", _MUL),
-    Rule("mul_relu", _MUL_RELU, fused=True),
-    Rule("cat", _CAT, shares_input=True),
-    Rule("adaptive_avg_pool2d", _POOL, shares_input=True),
-    *(
-        _share(name)
-        for name in (
-            "max_pool2d",
-            "mean",
-            "permute",
-            "transpose",
-            "view",
-            "reshape",
-            "squeeze",
-            "slice",
-            "flatten",
-            "dropout",
-            "relu",
-            "hardtanh",
-            "relu6",
-        )
-    ),
+def _shared(pattern: str, matcher: Matcher | None = None) -> Rule:
+    """Output (and, without a matcher, input) shares the input's qparams."""
+    if matcher is not None:
+        return Rule(pattern, matcher, modes=_STATIC, output="shared")
+    return Rule(pattern, None, no_quantized_input, modes=_STATIC, output="shared", input_from="any")
+
+
+#: one row per declared pattern, in declaration order
+TABLE = RuleTable(
+    "xnnpack",
+    [
+        _weighted("conv2d_bn", _CONV_BN, _QAT, fused=True),
+        _weighted("conv2d_bn_relu", _CONV_BN_RELU, _QAT, fused=True),
+        _weighted("conv2d_bn_hardtanh", _CONV_BN, _QAT, fused=False),  # hardtanh / relu6 share the output
+        _weighted("conv2d_bn_relu6", _CONV_BN, _QAT, fused=False),
+        _weighted("conv_transpose2d_bn", _CONV_T_BN, _QAT, fused=True),
+        _weighted("conv_transpose2d_bn_relu", _CONV_T_BN_RELU, _QAT, fused=True),
+        _weighted("conv1d", _CONV),
+        _weighted("conv1d_relu", _CONV_RELU, fused=True),
+        _weighted("conv2d", _CONV, _ALL, notes=DYNAMIC_CONV_NOTE),
+        _weighted("conv2d_relu", _CONV_RELU, fused=True),
+        _weighted("conv2d_hardtanh", _CONV, fused=False),
+        _weighted("conv2d_relu6", _CONV, fused=False),
+        _weighted("conv_transpose2d", _CONV_T, _ALL, notes=DYNAMIC_CONV_NOTE),
+        _weighted("conv_transpose2d_relu", _CONV_T_RELU, fused=True),
+        _weighted("linear", _LINEAR, _ALL),
+        _weighted("linear_relu", _LINEAR_RELU, fused=True),
+        _own("add", _ADD),
+        _own("add_relu", _ADD_RELU, fused=True),
+        _own("mul", _MUL),
+        _own("mul_relu", _MUL_RELU, fused=True),
+        _shared("cat", _CAT),
+        _shared("adaptive_avg_pool2d", _POOL),
+        *(
+            _shared(name)
+            for name in (
+                "max_pool2d",
+                "mean",
+                "permute",
+                "transpose",
+                "view",
+                "reshape",
+                "squeeze",
+                "slice",
+                "flatten",
+                "dropout",
+                "relu",
+                "hardtanh",
+                "relu6",
+            )
+        ),
+    ],
+    steps=MATCHERS,
 )
 
 
-def applies(matcher: Matcher, config: qw.QuantizationConfig | None) -> bool:
-    """Whether a stage with ``config`` applies ``matcher`` (a ``None`` config claims whatever
-    any matcher finds, to leave it float)."""
+def _qat_only(matcher: Matcher) -> bool:
+    return all(r.modes == _QAT for r in TABLE if r.annotate is matcher)
+
+
+def steps_for(config: qw.QuantizationConfig | None) -> list[Matcher]:
+    """The matchers a stage with ``config`` applies, in order: those of the rows declared in
+    the config's mode (a dynamic QAT config also applies the QAT-only ones); a ``None``
+    config claims whatever any matcher finds, to leave it float."""
     if config is None:
-        return True
+        return list(MATCHERS)
     act = config.input_activation
     if act is not None and act.is_dynamic:
-        return matcher.dynamic or (config.is_qat and matcher.qat_only)
-    return config.is_qat or not matcher.qat_only
+        dynamic = TABLE.steps_for(Mode.DYNAMIC)
+        return [m for m in MATCHERS if m in dynamic or (config.is_qat and _qat_only(m))]
+    mode = Mode.QAT if config.is_qat else Mode.STATIC
+    return [m for m in MATCHERS if m in TABLE.steps_for(mode)]

@@ -9,11 +9,13 @@ from collections.abc import Callable
 from torch.fx import GraphModule, Node
 
 import quantweave as qw
-from quantweave.plugin_api import mark_annotated, set_skip_reason
+from quantweave.authoring import calls, only_user
+from quantweave.authoring import explain_float as record_reasons
+from quantweave.plugin_api import mark_annotated
 
-from ._graph import CONV, CONV_T, FILTERED, RELU, SHARE_QPARAMS, annotation, calls, only_user
+from ._graph import CONV, CONV_T, FILTERED, RELU, SHARE_QPARAMS, annotation
 
-__all__ = ["explain_float", "share_qparams"]
+__all__ = ["explain_float", "no_quantized_input", "share_qparams"]
 
 NodeFilter = Callable[[Node], bool]
 
@@ -45,17 +47,30 @@ def share_qparams(model: GraphModule, filter_fn: NodeFilter | None) -> None:
         mark_annotated([node])
 
 
+def no_quantized_input(node: Node) -> str | None:
+    """Why a qparam-sharing op (a rule-table row without a matcher) stayed float."""
+    if calls(node, SHARE_QPARAMS) and node.args and isinstance(node.args[0], Node):
+        return NO_QUANTIZED_INPUT.format(node.args[0].name, str(node.target).split(".")[1])
+    return None
+
+
+#: the ops :func:`explain_float` looks at (as the authoring kit names them: in-place ops as functional)
+_EXPLAINED = frozenset(str(op) for op in FILTERED | CONV | CONV_T)
+
+
 def explain_float(model: GraphModule, filter_fn: NodeFilter | None, dynamic_only: bool) -> None:
     """A reason on every node of a declared op the quantizer left float without one (the
     annotation report shows it). ``dynamic_only``: every config the quantizer holds is dynamic."""
-    for node in model.graph.nodes:
-        if node.op != "call_function" or qw.is_annotated(node) or qw.SKIP_REASON_KEY in node.meta:
-            continue
+
+    def why(node: Node) -> str | None:
         if filter_fn is not None and calls(node, FILTERED) and not filter_fn(node):
-            set_skip_reason(node, REJECTED)
-        elif calls(node, SHARE_QPARAMS) and node.args and isinstance(node.args[0], Node):
-            set_skip_reason(node, NO_QUANTIZED_INPUT.format(node.args[0].name, str(node.target).split(".")[1]))
-        elif calls(node, CONV | CONV_T) and dynamic_only:
+            return REJECTED
+        if calls(node, SHARE_QPARAMS):
+            return no_quantized_input(node)
+        if dynamic_only and calls(node, CONV | CONV_T):
             user = only_user(node)
             if user is not None and calls(user, RELU):
-                set_skip_reason(node, DYNAMIC_CONV_RELU)
+                return DYNAMIC_CONV_RELU
+        return None
+
+    record_reasons(model, _EXPLAINED, why)

@@ -41,15 +41,15 @@ import torch
 from torch.fx import GraphModule
 
 import quantweave as qw
+from quantweave.authoring import ConfigStage, ConfigStages, NodeFilter, op_matches
 from quantweave.plugin_api import Capability, mark_annotated, set_skip_reason, warn_unknown_modules
 
 from ._capabilities import declared_capabilities
 from ._config import ACT_GRANULARITIES, get_symmetric_quantization_config
 from ._patterns import Match
 from ._rewrite import scalars_to_buffers
-from ._rules import MATCHERS, Matcher, applies
-from ._share import NodeFilter, explain_float, share_qparams
-from ._stages import GLOBAL, Stage, op_matches, stages
+from ._rules import MATCHERS, Matcher, steps_for
+from ._share import explain_float, share_qparams
 
 __all__ = ["ACT_GRANULARITIES", "XNNPACKQuantizer", "get_symmetric_quantization_config"]
 
@@ -70,23 +70,30 @@ class XNNPACKQuantizer(qw.Quantizer):
     name = "xnnpack"
 
     def __init__(self) -> None:
-        self.global_config: qw.QuantizationConfig | None = None
-        self.operator_type_config: dict[Any, qw.QuantizationConfig | None] = {}
-        self.module_type_config: dict[type, qw.QuantizationConfig | None] = {}
-        self.module_name_config: dict[str, qw.QuantizationConfig | None] = {}
+        self.configs = ConfigStages()
         self.filter_fn: NodeFilter | None = None
 
     # -- configuration -------------------------------------------------------------------------
 
-    @staticmethod
-    def _check_config(setter: str, config: Any) -> None:
-        if config is not None and not isinstance(config, qw.QuantizationConfig):
-            raise TypeError(f"{setter}: expected a quantweave.QuantizationConfig or None; got {type(config).__name__}")
+    @property
+    def global_config(self) -> qw.QuantizationConfig | None:
+        return self.configs.global_config
+
+    @property
+    def operator_type_config(self) -> dict[Any, qw.QuantizationConfig | None]:
+        return self.configs.operator_type
+
+    @property
+    def module_type_config(self) -> dict[type, qw.QuantizationConfig | None]:
+        return self.configs.module_type
+
+    @property
+    def module_name_config(self) -> dict[str, qw.QuantizationConfig | None]:
+        return self.configs.module_name
 
     def set_global(self, quantization_config: qw.QuantizationConfig | None) -> XNNPACKQuantizer:
         """The config for every node no module name, module type or operator type config claims."""
-        self._check_config("set_global", quantization_config)
-        self.global_config = quantization_config
+        self.configs.set_global(quantization_config)
         return self
 
     def get_global_quantization_config(self) -> qw.QuantizationConfig | None:
@@ -106,27 +113,20 @@ class XNNPACKQuantizer(qw.Quantizer):
             raise ValueError(
                 f"set_operator_type: {operator_type} anchors no XNNPACK pattern; supported: {', '.join(anchors)}"
             )
-        self._check_config("set_operator_type", quantization_config)
-        self.operator_type_config[operator_type] = quantization_config
+        self.configs.set_operator_type(operator_type, quantization_config)
         return self
 
     def set_module_type(
         self, module_type: type[torch.nn.Module], quantization_config: qw.QuantizationConfig | None
     ) -> XNNPACKQuantizer:
         """Config for every pattern inside a submodule of type ``module_type`` (any depth)."""
-        if not isinstance(module_type, type):
-            raise TypeError(f"set_module_type: expected a module class; got {module_type!r}")
-        self._check_config("set_module_type", quantization_config)
-        self.module_type_config[module_type] = quantization_config
+        self.configs.set_module_type(module_type, quantization_config)
         return self
 
     def set_module_name(self, module_name: str, quantization_config: qw.QuantizationConfig | None) -> XNNPACKQuantizer:
         """Config for every pattern inside the submodule ``module_name`` (e.g. ``"blocks.0"``);
         ``None`` leaves it float."""
-        if not isinstance(module_name, str) or not module_name:
-            raise ValueError(f"set_module_name: module_name must be a non-empty str; got {module_name!r}")
-        self._check_config("set_module_name", quantization_config)
-        self.module_name_config[module_name] = quantization_config
+        self.configs.set_module_name(module_name, quantization_config)
         return self
 
     def set_filter_function(self, filter_fn: NodeFilter | None) -> XNNPACKQuantizer:
@@ -163,21 +163,15 @@ class XNNPACKQuantizer(qw.Quantizer):
         changes; ``model`` itself is never modified."""
         return scalars_to_buffers(model)
 
-    def _stages(self) -> list[Stage]:
-        return stages(self.module_name_config, self.module_type_config, self.operator_type_config, self.global_config)
-
     def annotate(self, model: GraphModule) -> GraphModule:
         warn_unknown_modules(model, "set_module_name", self.module_name_config, quantizer=self.name)
         warn_unknown_modules(model, "set_module_type", self.module_type_config, quantizer=self.name)
-        for stage in self._stages():
-            if stage.config is None and stage.description == GLOBAL:
-                continue  # no global config: nothing else to claim
-            for matcher in MATCHERS:
-                if not applies(matcher, stage.config):
+        # module name > module type > operator type > global; without a global config nothing else is claimed
+        for stage in self.configs.stages(exclusive=True, include_global=False):
+            for matcher in steps_for(stage.config):
+                if not stage.anchors(matcher.anchors):
                     continue
-                if stage.operator is not None and not any(op_matches(stage.operator, t) for t in matcher.anchors):
-                    continue
-                for match in matcher.find(model):
+                for match in matcher(model):
                     self._apply(stage, matcher, match)
         share_qparams(model, self.filter_fn)
         explain_float(model, self.filter_fn, self._dynamic_only())
@@ -185,14 +179,14 @@ class XNNPACKQuantizer(qw.Quantizer):
 
     def _dynamic_only(self) -> bool:
         """True when every config this quantizer holds is dynamic."""
-        configs = [stage.config for stage in self._stages() if stage.config is not None]
+        configs = self.configs.configs()
         act = [c.input_activation for c in configs]
         return bool(configs) and all(a is not None and a.is_dynamic for a in act)
 
-    def _apply(self, stage: Stage, matcher: Matcher, match: Match) -> None:
+    def _apply(self, stage: ConfigStage, matcher: Matcher, match: Match) -> None:
         if qw.is_annotated(match.nodes):
             return
-        if stage.operator is not None and not op_matches(stage.operator, match.anchor.target):
+        if not stage.anchors([match.anchor.target]):
             return
         # a stage selects patterns by their anchor op (the conv, linear, add...); the user's
         # filter function must accept every compute node of the pattern
