@@ -25,11 +25,15 @@ def test_a_config_applies_the_matchers_of_the_rows_declared_in_its_mode():
     def named(mode):
         return {r.annotate.name for r in TABLE if r.annotate is not None and r.applies(mode)}
 
-    assert {m.name for m in steps_for(_config(is_dynamic=True))} == named(Mode.DYNAMIC) == {
-        "linear",
-        "conv",
-        "conv_transpose",
-    }
+    assert (
+        {m.name for m in steps_for(_config(is_dynamic=True))}
+        == named(Mode.DYNAMIC)
+        == {
+            "linear",
+            "conv",
+            "conv_transpose",
+        }
+    )
     assert {m.name for m in steps_for(_config())} == named(Mode.STATIC)
     assert not any(m.name.endswith(("_bn", "_bn_relu")) for m in steps_for(_config()))
     assert [m.name for m in steps_for(_config(is_qat=True))] == [m.name for m in MATCHERS]  # in matcher order
