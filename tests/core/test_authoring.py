@@ -306,3 +306,31 @@ def test_lazy_exports_imports_on_first_use(tmp_path, monkeypatch):
         lazy_pkg_for_test.MISSING  # noqa: B018
     with pytest.raises(TypeError, match="lazy_pkg_for_test"):
         kit.lazy_exports("lazy_pkg_for_test", {"X": 1})  # type: ignore[dict-item]
+
+
+def test_rule_declares_per_mode_notes_per_row_weights_and_no_own_dynamic_output():
+    transposed = TensorQuant("int8", -128, 127, "per_channel", symmetric=True, ch_axis=1)
+    table = kit.RuleTable(
+        "mine",
+        [
+            kit.Rule(
+                "linear",
+                modes=(Mode.STATIC, Mode.DYNAMIC),
+                weighted=True,
+                output="quantized",
+                notes={Mode.DYNAMIC: "dynamic: 2-D weights only"},
+            ),
+            kit.Rule("conv_transpose2d", modes=(Mode.STATIC,), weighted=True),
+        ],
+    )
+
+    def weight(rule):
+        return transposed if rule.pattern == "conv_transpose2d" else WEIGHT
+
+    static = table.capabilities(Mode.STATIC, ACT, weight)
+    assert [c.weight for c in static] == [WEIGHT, transposed]
+    assert static[0].output == Quant.quantized(ACT) and static[0].notes == ""
+    (dynamic,) = table.capabilities(Mode.DYNAMIC, ACT, weight)
+    assert dynamic.output == FLOAT and dynamic.notes == "dynamic: 2-D weights only"
+    with pytest.raises(ValueError, match="bias"):
+        kit.Rule("linear", bias="float")

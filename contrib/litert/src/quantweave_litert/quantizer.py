@@ -23,15 +23,23 @@ the PT2E graph quantizes only the weight.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch.fx import GraphModule, Node
 
 import quantweave as qw
-from quantweave.observers import HistogramObserver, PerChannelMinMaxObserver
-from quantweave.plugin_api import FLOAT, Capability, Mode, Quant, TensorQuant, mark_annotated, set_skip_reason
+from quantweave.authoring import (
+    Rule,
+    RuleTable,
+    activation_observer,
+    calls,
+    is_float_tensor,
+    only_user,
+    weight_observer,
+)
+from quantweave.plugin_api import Capability, Mode, Quant, TensorQuant, mark_annotated, set_skip_reason
 
 __all__ = ["CAPABILITIES", "FIXED_SCALE", "FIXED_ZERO_POINT", "LiteRTQuantizer", "LiteRTConversionMode"]
 
@@ -47,25 +55,6 @@ OWN = Quant.quantized(ACT)
 FIXED = Quant.fixed(FIXED_SCALE, FIXED_ZERO_POINT, ACT)
 SHARED = Quant.shared(0)
 
-_S = Mode.STATIC
-CAPABILITIES: tuple[Capability, ...] = (
-    Capability("conv2d", _S, ACT, WEIGHT, output=OWN, bias=FLOAT),
-    Capability("conv2d_relu", _S, ACT, WEIGHT, output=OWN, bias=FLOAT, fused=True),
-    Capability("linear", _S, ACT, WEIGHT, output=OWN, bias=FLOAT),
-    Capability("linear_relu", _S, ACT, WEIGHT, output=OWN, bias=FLOAT, fused=True),
-    Capability("add", _S, ACT, output=OWN),
-    Capability("add_relu", _S, ACT, output=OWN, fused=True),
-    Capability("mul", _S, ACT, output=OWN),
-    Capability("cat", _S, ACT, output=SHARED),
-    Capability("sigmoid", _S, ACT, output=FIXED),
-    Capability("softmax", _S, ACT, output=FIXED),
-    Capability("max_pool2d", _S, ACT, output=SHARED, input_from="own"),
-    Capability("adaptive_avg_pool2d", _S, ACT, output=SHARED, input_from="own"),
-    Capability("flatten", _S, ACT, output=SHARED, input_from="own"),
-    Capability("reshape", _S, ACT, output=SHARED, input_from="own"),
-    Capability("view", _S, ACT, output=SHARED, input_from="own"),
-    Capability("linear", Mode.WEIGHT_ONLY, None, WEIGHT, output=FLOAT, bias=FLOAT),
-)
 
 _CONV = frozenset((aten.conv2d.default, aten.conv2d.padding))
 _LINEAR = frozenset((aten.linear.default,))
@@ -96,18 +85,9 @@ class LiteRTConversionMode:
         return f"LiteRTConversionMode(is_dynamic={self.is_dynamic})"
 
 
-def _is_float_tensor(node: Any) -> bool:
-    val = node.meta.get("val") if isinstance(node, Node) else None
-    return isinstance(val, torch.Tensor) and val.dtype == torch.float32
-
-
-def _calls(node: Any, targets: Iterable[Any]) -> bool:
-    return isinstance(node, Node) and node.op == "call_function" and node.target in targets
-
-
 def _only_user(node: Node, targets: Iterable[Any]) -> Node | None:
-    users = list(node.users)
-    return users[0] if len(users) == 1 and _calls(users[0], targets) else None
+    user = only_user(node)
+    return user if user is not None and calls(user, tuple(targets)) else None
 
 
 class LiteRTQuantizer(qw.Quantizer):
@@ -127,7 +107,7 @@ class LiteRTQuantizer(qw.Quantizer):
             quant_min=-128,
             quant_max=127,
             qscheme=torch.per_tensor_affine,
-            observer_or_fake_quant_ctr=HistogramObserver.with_args(eps=2**-12),
+            observer_or_fake_quant_ctr=activation_observer(),
         )
         self.weight = qw.QuantizationSpec(
             dtype=torch.int8,
@@ -135,7 +115,7 @@ class LiteRTQuantizer(qw.Quantizer):
             quant_max=127,
             qscheme=torch.per_channel_symmetric,
             ch_axis=0,
-            observer_or_fake_quant_ctr=PerChannelMinMaxObserver.with_args(eps=2**-12),
+            observer_or_fake_quant_ctr=weight_observer(per_channel=True),
         )
         self.fixed = qw.FixedQParamsQuantizationSpec(
             dtype=torch.int8,
@@ -156,6 +136,10 @@ class LiteRTQuantizer(qw.Quantizer):
         mode = Mode.WEIGHT_ONLY if self.is_dynamic else Mode.STATIC
         return tuple(c for c in CAPABILITIES if c.mode is mode)
 
+    @property
+    def _table(self) -> RuleTable:
+        return DYNAMIC if self.is_dynamic else STATIC
+
     # -- annotation ------------------------------------------------------------------------------
 
     def annotate(self, model: GraphModule) -> GraphModule:
@@ -171,19 +155,12 @@ class LiteRTQuantizer(qw.Quantizer):
         return model
 
     def _annotate_node(self, node: Node) -> None:
-        if self.is_dynamic:
-            if node.target in _LINEAR:
-                self._weight_only(node)
-        elif node.target in _CONV or node.target in _LINEAR:
-            self._weighted(node)
-        elif node.target in _ADD or node.target in _MUL:
-            self._binary(node)
-        elif node.target in _CAT:
-            self._cat(node)
-        elif node.target in _FIXED:
-            self._fixed_output(node)
-        elif node.target in _SHARING:
-            self._sharing(node)
+        """The step of the row anchored on this node's op (one pass in graph order: an op
+        that shares its input's qparams needs its producer annotated first)."""
+        for step in self._table.steps:
+            if node.target in _ANCHORS[step]:
+                step(self, node)
+                return
 
     def _input_spec(self, producer: Node) -> qw.QuantizationSpecBase:
         """The spec of an activation input edge: a tensor this quantizer already quantized
@@ -192,7 +169,7 @@ class LiteRTQuantizer(qw.Quantizer):
 
     def _weighted(self, node: Node) -> None:
         x, weight = node.args[0], node.args[1] if len(node.args) > 1 else None
-        if not (_is_float_tensor(x) and isinstance(weight, Node) and _is_float_tensor(node)):
+        if not (is_float_tensor(x) and isinstance(weight, Node) and is_float_tensor(node)):
             set_skip_reason(node, "litert: needs a float32 input and a weight tensor")
             return
         assert isinstance(x, Node)
@@ -210,7 +187,7 @@ class LiteRTQuantizer(qw.Quantizer):
 
     def _weight_only(self, node: Node) -> None:
         weight = node.args[1] if len(node.args) > 1 else None
-        if not (isinstance(weight, Node) and _is_float_tensor(weight)):
+        if not (isinstance(weight, Node) and is_float_tensor(weight)):
             set_skip_reason(node, "litert (dynamic): needs a float32 weight tensor")
             return
         qw.annotate_input_qspec_map(node, weight, self.weight)
@@ -218,7 +195,7 @@ class LiteRTQuantizer(qw.Quantizer):
 
     def _binary(self, node: Node) -> None:
         operands = node.args[:2]
-        if len(operands) != 2 or not all(_is_float_tensor(a) for a in operands) or not _is_float_tensor(node):
+        if len(operands) != 2 or not all(is_float_tensor(a) for a in operands) or not is_float_tensor(node):
             set_skip_reason(node, "litert: add/mul are quantized when both operands are float32 tensors")
             return
         for operand in dict.fromkeys(operands):
@@ -236,7 +213,7 @@ class LiteRTQuantizer(qw.Quantizer):
 
     def _cat(self, node: Node) -> None:
         inputs = node.args[0]
-        if not isinstance(inputs, (list, tuple)) or not inputs or not all(_is_float_tensor(a) for a in inputs):
+        if not isinstance(inputs, (list, tuple)) or not inputs or not all(is_float_tensor(a) for a in inputs):
             set_skip_reason(node, "litert: cat is quantized when every input is a float32 tensor")
             return
         first = inputs[0]
@@ -254,7 +231,7 @@ class LiteRTQuantizer(qw.Quantizer):
 
     def _fixed_output(self, node: Node) -> None:
         x = node.args[0]
-        if not (_is_float_tensor(x) and _is_float_tensor(node)):
+        if not (is_float_tensor(x) and is_float_tensor(node)):
             set_skip_reason(node, "litert: needs a float32 input")
             return
         assert isinstance(x, Node)
@@ -273,3 +250,47 @@ class LiteRTQuantizer(qw.Quantizer):
         qw.annotate_output_qspec(node, qw.SharedQuantizationSpec((x, node)))
         mark_annotated(node)
         self._quantized.add(node)
+
+
+# -- the rule tables: declaration and annotation steps from the same rows ---------------------------
+
+_Step = Callable[[LiteRTQuantizer, Node], None]
+_weighted, _binary, _cat = LiteRTQuantizer._weighted, LiteRTQuantizer._binary, LiteRTQuantizer._cat
+_fixed, _sharing, _weight_only = LiteRTQuantizer._fixed_output, LiteRTQuantizer._sharing, LiteRTQuantizer._weight_only
+#: the node targets each step is anchored on
+_ANCHORS: dict[_Step, frozenset[Any]] = {
+    _weighted: _CONV | _LINEAR,
+    _binary: _ADD | _MUL,
+    _cat: _CAT,
+    _fixed: _FIXED,
+    _sharing: _SHARING,
+    _weight_only: _LINEAR,
+}
+
+STATIC = RuleTable(
+    "litert",
+    [
+        Rule("conv2d", _weighted, weighted=True, output=OWN),
+        Rule("conv2d_relu", _weighted, weighted=True, fused=True, output=OWN),
+        Rule("linear", _weighted, weighted=True, output=OWN),
+        Rule("linear_relu", _weighted, weighted=True, fused=True, output=OWN),
+        Rule("add", _binary, output=OWN),
+        Rule("add_relu", _binary, fused=True, output=OWN),
+        Rule("mul", _binary, output=OWN),
+        Rule("cat", _cat, output=SHARED),
+        Rule("sigmoid", _fixed, output=FIXED),
+        Rule("softmax", _fixed, output=FIXED),
+        *(
+            Rule(p, _sharing, output=SHARED, input_from="own")
+            for p in ("max_pool2d", "adaptive_avg_pool2d", "flatten", "reshape", "view")
+        ),
+    ],
+    steps=[_weighted, _binary, _cat, _fixed, _sharing],
+)
+#: dynamic-range linear: int8 weights only (declared ``weight_only``)
+DYNAMIC = RuleTable(
+    "litert", [Rule("linear", _weight_only, modes=(Mode.WEIGHT_ONLY,), weighted=True)], steps=[_weight_only]
+)
+CAPABILITIES: tuple[Capability, ...] = STATIC.capabilities(Mode.STATIC, ACT, WEIGHT) + DYNAMIC.capabilities(
+    Mode.WEIGHT_ONLY, None, WEIGHT
+)

@@ -18,11 +18,13 @@ __all__ = ["ConfigStage", "ConfigStages", "check_config", "config_key"]
 _KINDS = ("module_name", "module_type", "operator_type", "global")
 
 
-def check_config(setter: str, config: object) -> QuantizationConfig | None:
-    """``config`` when it is a :class:`~quantweave.QuantizationConfig` or None; else a
-    :class:`TypeError` naming ``setter`` and what it got."""
-    if config is not None and not isinstance(config, QuantizationConfig):
-        raise TypeError(f"{setter}: expected a quantweave.QuantizationConfig or None; got {type(config).__name__}")
+def check_config(setter: str, config: object, config_type: type = QuantizationConfig) -> Any:
+    """``config`` when it is a ``config_type`` (default :class:`~quantweave.QuantizationConfig`)
+    or None; else a :class:`TypeError` naming ``setter`` and what it got."""
+    if config is not None and not isinstance(config, config_type):
+        expected = "quantweave.QuantizationConfig" if config_type is QuantizationConfig else config_type.__name__
+        article = "an" if expected[0].lower() in "aeiou" else "a"
+        raise TypeError(f"{setter}: expected {article} {expected} or None; got {type(config).__name__}")
     return config
 
 
@@ -40,7 +42,7 @@ class ConfigStage:
 
     kind: str
     key: Any
-    config: QuantizationConfig | None
+    config: Any
     description: str
     accepts: Callable[[Node], bool]
 
@@ -80,38 +82,38 @@ class ConfigStages:
         stages.set_operator_type(torch.ops.aten.linear.default, dynamic_config)
         for stage in stages.stages():
             ...
-    """
 
-    def __init__(self, global_config: QuantizationConfig | None = None) -> None:
-        self.global_config = check_config("set_global", global_config)
-        self.module_name: dict[str, QuantizationConfig | None] = {}
-        self.module_type: dict[type, QuantizationConfig | None] = {}
-        self.operator_type: dict[Any, QuantizationConfig | None] = {}
+    ``config_type`` is the class configs must be (default
+    :class:`~quantweave.QuantizationConfig`; a backend with its own config class, such as
+    an embedding quantizer's, passes that)."""
 
-    def set_global(self, config: QuantizationConfig | None, setter: str = "set_global") -> None:
-        self.global_config = check_config(setter, config)
+    def __init__(self, global_config: Any = None, config_type: type = QuantizationConfig) -> None:
+        self.config_type = config_type
+        self.global_config = check_config("set_global", global_config, config_type)
+        self.module_name: dict[str, Any] = {}
+        self.module_type: dict[type, Any] = {}
+        self.operator_type: dict[Any, Any] = {}
 
-    def set_module_name(self, name: str, config: QuantizationConfig | None, setter: str = "set_module_name") -> None:
+    def set_global(self, config: Any, setter: str = "set_global") -> None:
+        self.global_config = check_config(setter, config, self.config_type)
+
+    def set_module_name(self, name: str, config: Any, setter: str = "set_module_name") -> None:
         """Config for every node traced in submodule ``name`` (``"layers.0"``)."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"{setter}: module_name must be a non-empty str; got {name!r}")
-        self.module_name[name] = check_config(setter, config)
+        self.module_name[name] = check_config(setter, config, self.config_type)
 
-    def set_module_type(
-        self, module_type: type, config: QuantizationConfig | None, setter: str = "set_module_type"
-    ) -> None:
+    def set_module_type(self, module_type: type, config: Any, setter: str = "set_module_type") -> None:
         """Config for every node traced in a submodule of class ``module_type`` (any depth)."""
         if not isinstance(module_type, type):
             raise TypeError(f"{setter}: expected a module class; got {module_type!r}")
-        self.module_type[module_type] = check_config(setter, config)
+        self.module_type[module_type] = check_config(setter, config, self.config_type)
 
-    def set_operator_type(
-        self, operator: Any, config: QuantizationConfig | None, setter: str = "set_operator_type"
-    ) -> None:
+    def set_operator_type(self, operator: Any, config: Any, setter: str = "set_operator_type") -> None:
         """Config for the patterns anchored on ``operator`` (an aten overload or packet)."""
-        self.operator_type[operator] = check_config(setter, config)
+        self.operator_type[operator] = check_config(setter, config, self.config_type)
 
-    def configs(self) -> list[QuantizationConfig]:
+    def configs(self) -> list[Any]:
         """Every config held (not None), global first."""
         held = [
             self.global_config,

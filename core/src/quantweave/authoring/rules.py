@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,10 @@ class Rule:
     - declaration: ``weighted`` (a weight, and a float bias), ``output`` (``"float"``,
       ``"quantized"``: the activation's own qparams, ``"shared"``: its first input's, or a
       :class:`~quantweave.Quant`), ``fused``, ``input_from``, ``notes`` (as in
-      :class:`~quantweave.Capability`); ``ops`` only for a pattern a plugin contributes."""
+      :class:`~quantweave.Capability`; ``notes`` may map modes to notes: a mode not in it has
+      none); a ``"quantized"`` output is declared ``FLOAT`` in ``Mode.DYNAMIC`` (a dynamic
+      output is never quantized on its own); ``bias`` (``"auto"``: ``FLOAT`` for a weighted row,
+      else unstated; or a ``Quant``, or None); ``ops`` only for a pattern a plugin contributes."""
 
     pattern: str
     annotate: Callable[..., Any] | None = None
@@ -43,8 +46,9 @@ class Rule:
     output: str | Quant = "float"
     fused: bool | None = None
     input_from: str | None = None
-    notes: str = ""
+    notes: str | Mapping[Mode, str] = ""
     ops: tuple[str, ...] = field(default=())
+    bias: Quant | str | None = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "modes", tuple(Mode(m) for m in self.modes))
@@ -53,22 +57,31 @@ class Rule:
                 f"Rule {self.pattern!r}: output must be one of {', '.join(_OUTPUTS)} or a Quant; got {self.output!r}"
             )
 
+        if isinstance(self.bias, str) and self.bias != "auto":
+            raise ValueError(f"Rule {self.pattern!r}: bias must be 'auto', a Quant or None; got {self.bias!r}")
+
     def applies(self, mode: Mode | str, options: Collection[str] = ()) -> bool:
         """True when the row is declared in ``mode`` with these options on."""
         return Mode(mode) in self.modes and (self.option is None or self.option in options)
 
     def capability(
-        self, mode: Mode | str, quantizer: str, activation: TensorQuant | None, weight: TensorQuant | None = None
+        self, mode: Mode | str, quantizer: str, activation: TensorQuant | None, weight: Any = None
     ) -> Capability:
-        """The row as a :class:`~quantweave.Capability` in ``mode``."""
+        """The row as a :class:`~quantweave.Capability` in ``mode``. ``weight`` is a
+        :class:`~quantweave.TensorQuant`, or a callable ``weight(rule) -> TensorQuant | None``
+        for a table whose rows quantize their weights differently."""
+        mode = Mode(mode)
+        if callable(weight) and not isinstance(weight, TensorQuant):
+            weight = weight(self)
         if isinstance(self.output, Quant):
             output = self.output
         elif self.output == "shared":
             output = Quant.shared(0)
-        elif self.output == "quantized" and activation is not None:
+        elif self.output == "quantized" and activation is not None and mode is not Mode.DYNAMIC:
             output = Quant.quantized(activation)
         else:
             output = FLOAT
+        notes = self.notes if isinstance(self.notes, str) else self.notes.get(mode, "")
         return Capability(
             self.pattern,
             Mode(mode),
@@ -76,9 +89,9 @@ class Rule:
             weight if self.weighted else None,
             quantizer=quantizer,
             ops=self.ops,
-            notes=self.notes,
+            notes=notes,
             output=output,
-            bias=FLOAT if self.weighted else None,
+            bias=(FLOAT if self.weighted else None) if self.bias == "auto" else _quant_or_none(self.bias),
             fused=self.fused,
             input_from=self.input_from,
         )
@@ -150,10 +163,12 @@ class RuleTable:
         self,
         mode: Mode | str,
         activation: TensorQuant | None,
-        weight: TensorQuant | None = None,
+        weight: Any = None,
         options: Collection[str] = (),
     ) -> tuple[Capability, ...]:
-        """The declaration: one :class:`~quantweave.Capability` per row that applies."""
+        """The declaration: one :class:`~quantweave.Capability` per row that applies
+        (``weight``: a :class:`~quantweave.TensorQuant` or ``weight(rule)``, as in
+        :meth:`Rule.capability`)."""
         return tuple(
             r.capability(mode, self.quantizer, activation, weight) for r in self.rules if r.applies(mode, options)
         )
@@ -194,6 +209,10 @@ class RuleTable:
         """Record why each float node of one of the table's ops stayed float: ``why(node)``
         when given (a backend's checks that come before the rows'), else :meth:`reason`."""
         return explain_float(model, self.ops(), why or self.reason)
+
+
+def _quant_or_none(value: Quant | str | None) -> Quant | None:
+    return value if isinstance(value, Quant) else None
 
 
 _ANY_ACT = TensorQuant("uint8", 0, 255, "per_tensor", symmetric=False)

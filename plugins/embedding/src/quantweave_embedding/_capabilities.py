@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from quantweave.plugin_api import FLOAT, Capability, Mode, TensorQuant
+from quantweave.authoring import Rule, RuleTable
+from quantweave.plugin_api import Capability, Mode, TensorQuant
 
-__all__ = ["TIED_NOTE", "declared_capabilities", "weight_tensor_quant"]
+__all__ = ["TABLE", "TIED_NOTE", "declared_capabilities", "weight_tensor_quant"]
 
 TIED_NOTE = (
     "a table whose weight another op also reads (a tied LM head) takes that op's per-row quantization when an "
@@ -28,19 +29,17 @@ def weight_tensor_quant(bits: int = 8, group_size: int | None = None, symmetric:
     return TensorQuant("int8", -8, 7, "per_group", symmetric is not False, ch_axis=0, group_size=group_size or 32)
 
 
+#: The one row: the table of ``aten.embedding`` quantized weight-only, the lookup's output
+#: float (the quantizer annotates it per node, recording its own skip reasons).
+TABLE = RuleTable(
+    "embedding", [Rule("embedding", modes=(Mode.WEIGHT_ONLY,), weighted=True, bias=None, notes=TIED_NOTE)]
+)
+
+
 def declared_capabilities(
     bits: int = 8, group_size: int | None = None, symmetric: bool | None = None
 ) -> tuple[Capability, ...]:
     """The one capability of an ``EmbeddingQuantizer`` with this global config
     (conformance-tested): the weight of ``aten.embedding`` (``nn.Embedding`` and
     ``F.embedding``) quantized weight-only, its output float."""
-    return (
-        Capability(
-            "embedding",
-            Mode.WEIGHT_ONLY,
-            weight=weight_tensor_quant(bits, group_size, symmetric),
-            quantizer="embedding",
-            output=FLOAT,
-            notes=TIED_NOTE,
-        ),
-    )
+    return TABLE.capabilities(Mode.WEIGHT_ONLY, None, weight_tensor_quant(bits, group_size, symmetric))

@@ -40,6 +40,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 import quantweave as qw
+from quantweave.authoring import ConfigStage, ConfigStages, attr_value, calls, check_config, tensor_value
 from quantweave.observers import PerChannelMinMaxObserver, PerGroupMinMaxObserver
 from quantweave.plugin_api import (
     ANNOTATION_KEY,
@@ -133,42 +134,11 @@ class EmbeddingConfig:
         )
 
 
-def _module_stack(node: Node) -> list[tuple[str, str]]:
-    """(path, qualified type name) of every module the node was traced in, outermost first."""
-    out = []
-    for entry in node.meta.get("nn_module_stack", {}).values():
-        if isinstance(entry, tuple) and len(entry) > 1:
-            path, kind = entry[0], entry[1]
-            kind_name = f"{kind.__module__}.{kind.__qualname__}" if isinstance(kind, type) else str(kind)
-        else:
-            path, kind_name = str(entry), ""
-        out.append((str(path).removeprefix("L['self']."), kind_name))
-    return out
-
-
-def _type_name(module_type: type) -> str:
-    return f"{module_type.__module__}.{module_type.__qualname__}"
-
-
-def _attr(gm: torch.nn.Module, target: str) -> Any:
-    value: Any = gm
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
-
-
 def _table_shape(node: Node) -> tuple[int, ...] | None:
-    val = node.meta.get("val")
-    if isinstance(val, torch.Tensor):
-        return tuple(val.shape)
-    owner = node.graph.owning_module
-    if node.op == "get_attr" and owner is not None:
-        try:
-            value = _attr(owner, str(node.target))
-        except AttributeError:
-            return None
-        return tuple(value.shape) if isinstance(value, torch.Tensor) else None
-    return None
+    value = tensor_value(node)
+    if value is None:
+        value = attr_value(node)
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
 
 
 def _per_row_spec(spec: Any) -> bool:
@@ -217,8 +187,7 @@ class EmbeddingQuantizer(qw.Quantizer):
 
     @staticmethod
     def _check(setter: str, config: Any) -> None:
-        if config is not None and not isinstance(config, EmbeddingConfig):
-            raise TypeError(f"{setter}: expected an EmbeddingConfig or None; got {type(config).__name__}")
+        check_config(setter, config, EmbeddingConfig)
 
     def set_global(self, config: EmbeddingConfig | None) -> EmbeddingQuantizer:
         """The config of every table no module name or module type config claims (None: none)."""
@@ -250,17 +219,12 @@ class EmbeddingQuantizer(qw.Quantizer):
         self.filter_fn = filter_fn
         return self
 
-    def _config_for(self, node: Node) -> tuple[EmbeddingConfig | None, str]:
-        stack = _module_stack(node)
-        paths = [path for path, _ in stack]
-        for name, config in self.module_name_config.items():
-            if name in paths:
-                return config, f"module name {name!r}"
-        types = {kind for _, kind in stack}
-        for module_type, config in self.module_type_config.items():
-            if _type_name(module_type) in types:
-                return config, f"module type {module_type.__name__}"
-        return self.global_config, "global config"
+    def _config_for(self, node: Node) -> ConfigStage:
+        """Module name > module type > global (the authoring kit's rule; no operator types)."""
+        stages = ConfigStages(self.global_config, config_type=EmbeddingConfig)
+        stages.module_name.update(self.module_name_config)
+        stages.module_type.update(self.module_type_config)
+        return stages.covering(node)
 
     # -- declarations --------------------------------------------------------------------------
 
@@ -279,13 +243,14 @@ class EmbeddingQuantizer(qw.Quantizer):
         warn_unknown_modules(model, "set_module_name", self.module_name_config, quantizer=self.name)
         warn_unknown_modules(model, "set_module_type", self.module_type_config, quantizer=self.name)
         for node in model.graph.nodes:
-            if node.op != "call_function" or node.target != _EMBEDDING or qw.is_annotated(node):
+            if not calls(node, _EMBEDDING) or qw.is_annotated(node):
                 continue
-            config, source = self._config_for(node)
+            covering = self._config_for(node)
+            config = covering.config
             if config is None:
-                if source != "global config":
+                if covering.kind != "global":
                     mark_annotated(node)
-                    set_skip_reason(node, f"{source} is configured None")
+                    set_skip_reason(node, f"{covering.description} is configured None")
                 continue
             if self.filter_fn is not None and not self.filter_fn(node):
                 set_skip_reason(node, "embedding: rejected by the filter function")

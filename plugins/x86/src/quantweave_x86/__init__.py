@@ -7,8 +7,7 @@ first use, so plugin discovery (which only needs the declarations) stays cheap.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from quantweave.authoring import lazy_exports
 
 #: The distribution's version (single source: pyproject.toml reads it from here).
 __version__ = "0.1.1"
@@ -22,21 +21,14 @@ __all__ = [
     "lower",
 ]
 
-_WHERE = {
-    "LoweredModule": "_lowering",
-    "lower": "_lowering",
-    "cpu_needs_reduce_range": "_lowering",
-    "X86InductorQuantizer": "quantizer",
-    "get_default_x86_inductor_quantization_config": "quantizer",
-    "declared_capabilities": "_capabilities",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "LoweredModule": "_lowering",
+        "lower": "_lowering",
+        "cpu_needs_reduce_range": "_lowering",
+        "X86InductorQuantizer": "quantizer",
+        "get_default_x86_inductor_quantization_config": "quantizer",
+        "declared_capabilities": "_capabilities",
+    },
+)

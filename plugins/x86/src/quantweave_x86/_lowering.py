@@ -21,7 +21,6 @@ patterns into oneDNN int8 convolutions and linears) and returns a :class:`Lowere
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import warnings
 from collections.abc import Iterator, Sequence
@@ -32,6 +31,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from quantweave import MisuseWarning, dequantize_ops, quantize_ops
+from quantweave.authoring import copy_for_rewrite, finish_rewrite
 
 __all__ = ["LoweredModule", "cpu_needs_reduce_range", "lower"]
 
@@ -136,14 +136,12 @@ def _without_self_adds(converted: GraphModule) -> GraphModule:
     asserts when both operands of the add are the linear's (conv's) output."""
     if not any(_is_self_add(n) for n in converted.graph.nodes):
         return converted
-    graph = copy.deepcopy(converted.graph)
-    for node in graph.nodes:
+    rewritten, nodes = copy_for_rewrite(converted)
+    for node in nodes.values():
         if _is_self_add(node):
             node.target = torch.ops.aten.mul.Tensor
             node.args = (node.args[0], 2.0)
-    rewritten = GraphModule(converted, graph)
-    rewritten.meta.update(converted.meta)
-    return rewritten
+    return finish_rewrite(rewritten)
 
 
 def _is_self_add(node: Node) -> bool:
