@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from quantweave.authoring import Rule
 from quantweave.plugin_api import Capability, Mode, TensorQuant
 
@@ -32,17 +30,11 @@ def declared_capabilities(
     "per_token"`` (dynamic only): activations quantized per token at run time."""
     act = TensorQuant("int8", act_qmin, act_qmax, act_granularity, symmetric=False)
 
-    def weight(pattern: str) -> TensorQuant:
+    def weight(rule: Rule) -> TensorQuant:
         if not is_per_channel:
             return TensorQuant("int8", weight_qmin, weight_qmax, "per_tensor", symmetric=True)
-        axis = 1 if pattern.startswith("conv_transpose") else 0
+        axis = 1 if rule.pattern.startswith("conv_transpose") else 0
         return TensorQuant("int8", weight_qmin, weight_qmax, "per_channel", symmetric=True, ch_axis=axis)
 
     mode = Mode.DYNAMIC if is_dynamic else Mode.QAT if is_qat else Mode.STATIC
-
-    def capability(rule: Rule) -> Capability:
-        # dynamic activations leave the outputs float; the rows' notes speak of dynamic conv only
-        row = replace(rule, output="float") if mode is Mode.DYNAMIC else replace(rule, notes="")
-        return row.capability(mode, TABLE.quantizer, act, weight(rule.pattern))
-
-    return tuple(capability(rule) for rule in TABLE if rule.applies(mode))
+    return TABLE.capabilities(mode, act, weight)

@@ -8,9 +8,8 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-import quantweave as qw
 from quantweave.authoring import attr_value, calls, tensor_value
-from quantweave.plugin_api import ANNOTATION_KEY
+from quantweave.plugin_api import ANNOTATION_KEY, is_annotated
 
 aten = torch.ops.aten
 
@@ -91,7 +90,7 @@ def annotation(node: Node) -> Any:
 
 def has_output_qparams(node: Node) -> bool:
     found = annotation(node)
-    return found is not None and qw.is_annotated(node) and found.output_qspec is not None
+    return found is not None and is_annotated(node) and found.output_qspec is not None
 
 
 def traces_to_output_qparams(node: Node) -> bool:

@@ -81,8 +81,8 @@ MATCHERS: tuple[Matcher, ...] = (
 _QAT = (Mode.QAT,)
 _STATIC = (Mode.STATIC, Mode.QAT)
 _ALL = (Mode.STATIC, Mode.QAT, Mode.DYNAMIC)
-#: a note on the dynamic declarations of conv (dropped from the static and QAT ones)
-DYNAMIC_CONV_NOTE = "dynamic: 4-D non-depthwise weights only"
+#: a note on the dynamic declarations of conv
+_DYNAMIC_CONV = {Mode.DYNAMIC: "dynamic: 4-D non-depthwise weights only"}
 
 
 def _weighted(pattern: str, matcher: Matcher, modes: tuple[Mode, ...] = _STATIC, **kw: Any) -> Rule:
@@ -112,11 +112,11 @@ TABLE = RuleTable(
         _weighted("conv_transpose2d_bn_relu", _CONV_T_BN_RELU, _QAT, fused=True),
         _weighted("conv1d", _CONV),
         _weighted("conv1d_relu", _CONV_RELU, fused=True),
-        _weighted("conv2d", _CONV, _ALL, notes=DYNAMIC_CONV_NOTE),
+        _weighted("conv2d", _CONV, _ALL, notes=_DYNAMIC_CONV),
         _weighted("conv2d_relu", _CONV_RELU, fused=True),
         _weighted("conv2d_hardtanh", _CONV, fused=False),
         _weighted("conv2d_relu6", _CONV, fused=False),
-        _weighted("conv_transpose2d", _CONV_T, _ALL, notes=DYNAMIC_CONV_NOTE),
+        _weighted("conv_transpose2d", _CONV_T, _ALL, notes=_DYNAMIC_CONV),
         _weighted("conv_transpose2d_relu", _CONV_T_RELU, fused=True),
         _weighted("linear", _LINEAR, _ALL),
         _weighted("linear_relu", _LINEAR_RELU, fused=True),

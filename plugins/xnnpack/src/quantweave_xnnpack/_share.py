@@ -11,7 +11,7 @@ from torch.fx import GraphModule, Node
 import quantweave as qw
 from quantweave.authoring import calls, only_user
 from quantweave.authoring import explain_float as record_reasons
-from quantweave.plugin_api import mark_annotated
+from quantweave.plugin_api import is_annotated, mark_annotated
 
 from ._graph import CONV, CONV_T, FILTERED, RELU, SHARE_QPARAMS, annotation
 
@@ -31,7 +31,7 @@ DYNAMIC_CONV_RELU = (
 def share_qparams(model: GraphModule, filter_fn: NodeFilter | None) -> None:
     """qparam-sharing ops whose input has output qparams take them (input and output)."""
     for node in model.graph.nodes:
-        if not calls(node, SHARE_QPARAMS) or not node.args or qw.is_annotated(node):
+        if not calls(node, SHARE_QPARAMS) or not node.args or is_annotated(node):
             continue
         producer = node.args[0]
         if not isinstance(producer, Node):

@@ -42,7 +42,7 @@ from torch.fx import GraphModule
 
 import quantweave as qw
 from quantweave.authoring import ConfigStage, ConfigStages, NodeFilter, op_matches
-from quantweave.plugin_api import Capability, mark_annotated, set_skip_reason, warn_unknown_modules
+from quantweave.plugin_api import Capability, is_annotated, mark_annotated, set_skip_reason, warn_unknown_modules
 
 from ._capabilities import declared_capabilities
 from ._config import ACT_GRANULARITIES, get_symmetric_quantization_config
@@ -184,7 +184,7 @@ class XNNPACKQuantizer(qw.Quantizer):
         return bool(configs) and all(a is not None and a.is_dynamic for a in act)
 
     def _apply(self, stage: ConfigStage, matcher: Matcher, match: Match) -> None:
-        if qw.is_annotated(match.nodes):
+        if is_annotated(match.nodes):
             return
         if not stage.anchors([match.anchor.target]):
             return
