@@ -163,5 +163,5 @@ def steps_for(config: qw.QuantizationConfig | None) -> list[Matcher]:
     if act is not None and act.is_dynamic:
         dynamic = TABLE.steps_for(Mode.DYNAMIC)
         return [m for m in MATCHERS if m in dynamic or (config.is_qat and _qat_only(m))]
-    mode = Mode.QAT if config.is_qat else Mode.STATIC
-    return [m for m in MATCHERS if m in TABLE.steps_for(mode)]
+    declared = TABLE.steps_for(Mode.QAT if config.is_qat else Mode.STATIC)
+    return [m for m in MATCHERS if m in declared]
