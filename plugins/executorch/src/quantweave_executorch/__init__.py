@@ -12,8 +12,7 @@ Names are imported on first use, so plugin discovery stays cheap.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from quantweave.authoring import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -46,11 +45,4 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)

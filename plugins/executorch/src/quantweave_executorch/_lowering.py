@@ -33,7 +33,6 @@ in its ``.dtype`` reference.)
 
 from __future__ import annotations
 
-import copy
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 import quantweave as qw
+from quantweave.authoring import copy_for_rewrite, finish_rewrite, module_attr
 from quantweave_xnnpack import ExecuTorchProgram, import_executorch, is_plumbing, lower_to_edge, op_name
 
 __all__ = [
@@ -95,13 +95,6 @@ class EmbeddingLowering:
     scale_dtype: torch.dtype = torch.float32
 
 
-def _attr(gm: torch.nn.Module, target: str) -> Any:
-    value: Any = gm
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
-
-
 def _new_buffer(gm: GraphModule, prefix: str, value: torch.Tensor) -> str:
     index = 0
     while hasattr(gm, f"{prefix}{index}"):
@@ -138,8 +131,7 @@ def rewrite_embeddings(converted: GraphModule) -> tuple[GraphModule, tuple[Embed
     _require("executorch.exir", "quantweave_executorch.rewrite_embeddings")
     qd = torch.ops.quantized_decomposed
     per_channel, per_group = qd.dequantize_per_channel.default, qd.dequantize_per_channel_group.default
-    gm = GraphModule(converted, copy.deepcopy(converted.graph))
-    gm.meta.update(converted.meta)
+    gm, _ = copy_for_rewrite(converted)  # ``converted`` is never modified; tensors are shared
     graph = gm.graph
     lowered: list[EmbeddingLowering] = []
     for node in list(graph.nodes):
@@ -151,7 +143,7 @@ def rewrite_embeddings(converted: GraphModule) -> tuple[GraphModule, tuple[Embed
         stored, scales, zero_points = dq.args[0], dq.args[1], dq.args[2]
         if not isinstance(stored, Node) or stored.op != "get_attr" or not isinstance(scales, Node):
             continue
-        values: torch.Tensor = _attr(gm, str(stored.target))
+        values: torch.Tensor = module_attr(gm, str(stored.target))
         group_size: Any
         out_dtype: Any
         if dq.target == per_channel:
@@ -164,8 +156,8 @@ def rewrite_embeddings(converted: GraphModule) -> tuple[GraphModule, tuple[Embed
             qmin, qmax, group_size, out_dtype = dq.args[3], dq.args[4], dq.args[6], dq.args[7]
         if values.dim() != 2 or out_dtype != torch.float32 or values.dtype not in (torch.int8, torch.uint8):
             continue
-        scale_values = _attr(gm, str(scales.target)).to(torch.float32)
-        zp_values = None if not isinstance(zero_points, Node) else _attr(gm, str(zero_points.target))
+        scale_values = module_attr(gm, str(scales.target)).to(torch.float32)
+        zp_values = None if not isinstance(zero_points, Node) else module_attr(gm, str(zero_points.target))
         zp = None if zp_values is None or not zp_values.any() else zp_values.to(torch.float32)
         # ExecuTorch 1.5.1 runs float16 scales only without zero points (its kernels want them in the output dtype,
         # its ahead-of-time checks in the scales' dtype)
@@ -202,9 +194,7 @@ def rewrite_embeddings(converted: GraphModule) -> tuple[GraphModule, tuple[Embed
         lowered.append(
             EmbeddingLowering(fused.name, name, tuple(values.shape), group_size, weight.numel(), scale_dtype)
         )
-    graph.lint()
-    gm.recompile()
-    return gm, tuple(lowered)
+    return finish_rewrite(gm), tuple(lowered)
 
 
 @dataclass(frozen=True)

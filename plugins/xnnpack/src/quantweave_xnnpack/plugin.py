@@ -1,7 +1,7 @@
 """Entry point of quantweave-xnnpack (group ``quantweave``, name ``xnnpack``).
 
-Loading the plugin imports only the declarations; the quantizer module (and torch.fx
-pattern code) is imported when a quantizer is first built.
+Loading the plugin imports the rule table (the declarations are read off its rows, which
+name the matchers); the quantizer module and the ExecuTorch lowering are imported when first used.
 """
 
 from __future__ import annotations
