@@ -4,8 +4,6 @@ test authors' in quantweave.testing; the names that moved still resolve for one 
 from __future__ import annotations
 
 import importlib
-import subprocess
-import sys
 import warnings
 
 import pytest
@@ -68,13 +66,3 @@ def test_the_new_homes_import_without_warnings():
         from quantweave.authoring import annotate_input_qspec_map, quantize_ops  # noqa: F401
         from quantweave.plugin_api import Capability, hookimpl, is_annotated  # noqa: F401
         from quantweave.testing import PluginManager  # noqa: F401
-
-
-def test_first_party_plugins_on_this_branch_use_no_moved_name():
-    code = (
-        "import warnings, torch\n"
-        "warnings.simplefilter('error', DeprecationWarning)\n"
-        "import quantweave_x86.quantizer, quantweave_x86._lowering, quantweave_embedding.quantizer\n"
-        "import quantweave_litert.quantizer, quantweave_litert.tflite\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
-import quantweave as qw
+from quantweave import authoring
 from quantweave.authoring import copy_for_rewrite, finish_rewrite, module_attr
 from quantweave_xnnpack import ExecuTorchProgram, import_executorch, is_plumbing, lower_to_edge, op_name
 
@@ -242,7 +242,7 @@ def to_executorch(
     if (
         rewrite_tables
         and isinstance(converted, GraphModule)
-        and any(n.target in qw.dequantize_ops() for n in converted.graph.nodes)
+        and any(n.target in authoring.dequantize_ops() for n in converted.graph.nodes)
     ):
         model, lowered = rewrite_embeddings(converted)
     edge, delegation = lower_to_edge(

@@ -11,6 +11,7 @@ from typing import Any
 from torch.fx import GraphModule, Node
 
 import quantweave as qw
+from quantweave import authoring
 from quantweave.authoring import calls, is_float_tensor, only_user
 
 from ._config import transpose_weight_spec
@@ -52,15 +53,15 @@ class Match:
 def _weighted(node: Node, config: qw.QuantizationConfig, transpose: bool) -> None:
     x, weight = node.args[0], node.args[1]
     if isinstance(x, Node):
-        qw.annotate_input_qspec_map(node, x, config.input_activation)
+        authoring.annotate_input_qspec_map(node, x, config.input_activation)
     if isinstance(weight, Node):
         spec = config.weight
         if transpose and spec is not None:
             spec = transpose_weight_spec(spec)
-        qw.annotate_input_qspec_map(node, weight, spec)
+        authoring.annotate_input_qspec_map(node, weight, spec)
     bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
     if isinstance(bias, Node):
-        qw.annotate_input_qspec_map(node, bias, config.bias)
+        authoring.annotate_input_qspec_map(node, bias, config.bias)
 
 
 def _weighted_then(node: Node, last: Node, transpose: bool) -> Annotate:
@@ -70,7 +71,7 @@ def _weighted_then(node: Node, last: Node, transpose: bool) -> Annotate:
         if transpose and conv_transpose_groups(node) != 1:
             return GROUPED_CONV_TRANSPOSE
         _weighted(node, config, transpose)
-        qw.annotate_output_qspec(last, config.output_activation)
+        authoring.annotate_output_qspec(last, config.output_activation)
         return None
 
     return annotate
@@ -153,8 +154,8 @@ def find_adaptive_avg_pool2d(gm: GraphModule) -> Iterator[Match]:
             spec: Any = config.input_activation
             if has_output_qparams(x):
                 spec = qw.SharedQuantizationSpec(x)
-            qw.annotate_input_qspec_map(pool, x, spec)
-            qw.annotate_output_qspec(pool, qw.SharedQuantizationSpec((x, pool)))
+            authoring.annotate_input_qspec_map(pool, x, spec)
+            authoring.annotate_output_qspec(pool, qw.SharedQuantizationSpec((x, pool)))
             return None
 
         yield Match([pool], pool, annotate)
@@ -171,8 +172,8 @@ def _binary(node: Node, last: Node) -> Annotate:
                 return NOT_FLOAT32.format(operand.name)
         for operand in node.args[:2]:
             if isinstance(operand, Node):
-                qw.annotate_input_qspec_map(node, operand, config.input_activation)
-        qw.annotate_output_qspec(last, config.output_activation)
+                authoring.annotate_input_qspec_map(node, operand, config.input_activation)
+        authoring.annotate_output_qspec(last, config.output_activation)
         return None
 
     return annotate
@@ -200,12 +201,12 @@ def find_cat(gm: GraphModule) -> Iterator[Match]:
             if len(inputs) != len(tensors) or not all(is_float_tensor(i) for i in inputs):
                 return CAT_NOT_FLOAT32
             owner = next((i for i in inputs if traces_to_output_qparams(i)), inputs[0])
-            qw.annotate_input_qspec_map(cat, owner, config.input_activation)
+            authoring.annotate_input_qspec_map(cat, owner, config.input_activation)
             shared = qw.SharedQuantizationSpec((owner, cat))
             for other in inputs:
                 if other is not owner:
-                    qw.annotate_input_qspec_map(cat, other, shared)
-            qw.annotate_output_qspec(cat, shared)
+                    authoring.annotate_input_qspec_map(cat, other, shared)
+            authoring.annotate_output_qspec(cat, shared)
             return None
 
         yield Match([cat], cat, annotate)

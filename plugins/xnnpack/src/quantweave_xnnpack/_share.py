@@ -9,6 +9,7 @@ from collections.abc import Callable
 from torch.fx import GraphModule, Node
 
 import quantweave as qw
+from quantweave import authoring
 from quantweave.authoring import calls, only_user
 from quantweave.authoring import explain_float as record_reasons
 from quantweave.plugin_api import is_annotated, mark_annotated
@@ -42,8 +43,8 @@ def share_qparams(model: GraphModule, filter_fn: NodeFilter | None) -> None:
         if filter_fn is not None and not filter_fn(node):
             continue
         shared = qw.SharedQuantizationSpec(producer)
-        qw.annotate_input_qspec_map(node, producer, shared)
-        qw.annotate_output_qspec(node, shared)
+        authoring.annotate_input_qspec_map(node, producer, shared)
+        authoring.annotate_output_qspec(node, shared)
         mark_annotated([node])
 
 
