@@ -347,3 +347,31 @@ def test_config_stages_take_a_backends_own_config_class(gm):
     assert stages.covering(_node(gm, aten.mul.Tensor)).config is mine
     with pytest.raises(TypeError, match=r"set_module_name: expected a TableConfig or None; got QuantizationConfig"):
         stages.set_module_name("block", _config())
+
+
+def test_share_inputs_puts_a_concatenation_on_the_owners_range_and_names_a_stranger():
+    import torch
+    from torch.fx import symbolic_trace
+
+    from quantweave import QuantizationSpec, SharedQuantizationSpec
+    from quantweave.authoring import share_inputs
+    from quantweave.plugin_api import ANNOTATION_KEY
+
+    class Cat(torch.nn.Module):
+        def forward(self, a, b, c):
+            return torch.cat([a, b], 1) + c
+
+    gm = symbolic_trace(Cat())
+    a, b, c = (n for n in gm.graph.nodes if n.op == "placeholder")
+    cat = next(n for n in gm.graph.nodes if n.target is torch.cat)
+    from quantweave.observers import MinMaxObserver
+
+    spec = QuantizationSpec(dtype=torch.uint8, observer_or_fake_quant_ctr=MinMaxObserver, quant_min=0, quant_max=255)
+    share_inputs(cat, [a, b], b, spec)
+    annotation = cat.meta[ANNOTATION_KEY]
+    assert annotation.input_qspec_map[b] is spec
+    assert annotation.input_qspec_map[a] == SharedQuantizationSpec((b, cat))
+    assert annotation.output_qspec == SharedQuantizationSpec((b, cat))
+    with pytest.raises(ValueError) as info:
+        share_inputs(cat, [a, b], c, spec)
+    assert "'c'" in str(info.value) and "'cat'" in str(info.value)

@@ -15,6 +15,7 @@ third party would. See docs/authoring.md for examples. This module only re-expor
 - float reasons: :func:`mark_float`, :func:`explain_float`, :func:`has_skip_reason`,
   :func:`in_place_reason`;
 - rule tables: :class:`Rule`, :class:`RuleTable`;
+- sharing: :func:`share_inputs` (a concatenation's inputs and output on one range);
 - packaging: :func:`lazy_exports` (the lazy ``__init__`` of a plugin package);
 - annotating (PT2E's helpers, formerly at ``quantweave``'s top level):
   :func:`annotate_input_qspec_map`, :func:`annotate_output_qspec`,
@@ -52,6 +53,7 @@ from .modules import NodeFilter, in_module, in_module_type, module_paths, module
 from .observers import activation_observer, weight_observer
 from .reasons import explain_float, has_skip_reason, in_place_reason, mark_float
 from .rules import Rule, RuleTable
+from .sharing import share_inputs
 
 __all__ = [
     "ConfigStage",
@@ -78,6 +80,7 @@ __all__ = [
     "finish_rewrite",
     "first_user",
     "has_skip_reason",
+    "share_inputs",
     "in_module",
     "in_module_type",
     "in_place_reason",

@@ -414,12 +414,7 @@ class ORTQuantizer(qw.Quantizer):
         inputs: list[Node] = list(tensors)
         # one range for every input and the output, owned by the first quantized input
         owner = next((i for i in inputs if _has_output_qparams(i)), inputs[0])
-        authoring.annotate_input_qspec_map(node, owner, self.act)
-        shared = qw.SharedQuantizationSpec((owner, node))
-        for other in inputs:
-            if other is not owner:
-                authoring.annotate_input_qspec_map(node, other, shared)
-        authoring.annotate_output_qspec(node, shared)
+        authoring.share_inputs(node, inputs, owner, self.act)
         mark_annotated(node)
 
     def _quantized_input(self, node: Node) -> Node | None:

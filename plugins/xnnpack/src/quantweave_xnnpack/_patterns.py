@@ -201,12 +201,7 @@ def find_cat(gm: GraphModule) -> Iterator[Match]:
             if len(inputs) != len(tensors) or not all(is_float_tensor(i) for i in inputs):
                 return CAT_NOT_FLOAT32
             owner = next((i for i in inputs if traces_to_output_qparams(i)), inputs[0])
-            authoring.annotate_input_qspec_map(cat, owner, config.input_activation)
-            shared = qw.SharedQuantizationSpec((owner, cat))
-            for other in inputs:
-                if other is not owner:
-                    authoring.annotate_input_qspec_map(cat, other, shared)
-            authoring.annotate_output_qspec(cat, shared)
+            authoring.share_inputs(cat, inputs, owner, config.input_activation)
             return None
 
         yield Match([cat], cat, annotate)
