@@ -243,7 +243,21 @@ def check_command(command: str, where: str, cli: list[list[str]]) -> None:
     elif program == "tox":
         if "-e" in words:
             env = words[words.index("-e") + 1]
-            assert f"[testenv:{env}]" in (ROOT / "tox.ini").read_text(), f"{where}: tox.ini has no env {env}"
+            # a project's README (contrib/template) means the project's own tox.ini
+            doc = ROOT / where.split(":", 1)[0]
+            tox_ini = doc.parent / "tox.ini" if (doc.parent / "tox.ini").is_file() else ROOT / "tox.ini"
+            text = tox_ini.read_text()
+            envlist = re.search(r"^envlist\s*=\s*(.*)$", text, re.M)
+            known = (
+                f"[testenv:{env}]" in text
+                or (envlist is not None and env in re.split(r"[\s,]+", envlist.group(1)))
+                or re.search(rf"^\s+{re.escape(env)}:", text, re.M) is not None  # a factor of the base env
+            )
+            assert known, f"{where}: {tox_ini.relative_to(ROOT)} has no env {env}"
+    elif program == "export":
+        assert all(re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", w) for w in words[1:]), f"{where}: expected export VAR=value"
+    elif program == "grep":
+        pass  # reads a file (the CPU's flags); nothing to check
     elif program == "twine":
         assert words[1] in ("check", "upload"), f"{where}: unexpected twine command"
     else:
