@@ -7,7 +7,8 @@ re-exports. Plugin authors import :mod:`quantweave.plugin_api` (the contract) an
 used to be here for them still resolve, with a DeprecationWarning naming the new home
 (``quantweave._modules.surface.MOVED``). The plugin loader (:mod:`quantweave.registry`, which
 imports pluggy) is imported on first use of one of its names, so ``import quantweave`` and
-``import quantweave.plugin_api`` import no plugin and no plugin manager.
+``import quantweave.plugin_api`` import no plugin and no plugin manager; :mod:`quantweave.view`
+is imported on first use of ``quantweave.view`` too.
 """
 
 import importlib
@@ -52,6 +53,7 @@ from .serialize import load, save
 from .training import allow_exported_model_train_eval, move_exported_model_to_eval, move_exported_model_to_train
 
 if TYPE_CHECKING:
+    from . import view as view
     from .registry import get_quantizer, plugins, quantization_capabilities
 
 alias_module(f"{__name__}.fallback", f"{__name__}.float_fallback", until="0.2")  # the module's old name
@@ -60,6 +62,8 @@ _LAZY = {name: "registry" for name in ("get_quantizer", "plugins", "quantization
 
 
 def __getattr__(name: str) -> Any:
+    if name == "view":  # the module, imported on first use (it imports Model Explorer / matplotlib only when used)
+        return importlib.import_module(f".{name}", __name__)
     if name in _LAZY:
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     return moved(name)
@@ -99,6 +103,7 @@ __all__ = [
     "fallback",
     "FallbackResult",
     "LeaveFloat",
+    "view",
     # errors
     "AnnotationConflictError",
     "AnnotationError",
