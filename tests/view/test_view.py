@@ -1,14 +1,15 @@
 """quantweave.view (issue 27): Model Explorer overlays keyed to Model Explorer's own node ids,
-its local server serving them, and plots whose drawn values are the data's."""
+its local server serving them, the page drawing them in a headless browser, and plots whose
+drawn values are the data's. The model is examples/view_outlier.py's (one layer made to hurt);
+the browser is driven by examples/view_screenshot.py's code (which takes docs/view.md's picture)."""
 
 from __future__ import annotations
 
+import importlib.util
+import io
 import json
 import math
-import os
 import socket
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -24,6 +25,7 @@ dacite = pytest.importorskip("dacite")
 from model_explorer import node_data_builder as ndb  # noqa: E402
 from model_explorer.consts import DEFAULT_SETTINGS  # noqa: E402
 from model_explorer.pytorch_exported_program_adapter_impl import PytorchExportedProgramAdapterImpl  # noqa: E402
+from PIL import Image  # noqa: E402  (matplotlib's dependency)
 
 import quantweave as qw  # noqa: E402
 from quantweave import view  # noqa: E402
@@ -33,27 +35,52 @@ from quantweave.registry import PluginManager  # noqa: E402
 from quantweave_x86 import plugin as x86_plugin  # noqa: E402
 from quantweave_x86.quantizer import X86InductorQuantizer  # noqa: E402
 
-from .hurt import HURT_LAYER, build, quantize  # noqa: E402
-
 ROOT = Path(__file__).resolve().parents[2]
+OUTLIER = ROOT / "examples" / "view_outlier.py"
+HURT_LAYER = "fc2"  # examples/view_outlier.py: its input's channel 0 is the outlier
 HURT_NODE = "linear_1"  # fc2's linear
+
+
+def _example(name: str):
+    spec = importlib.util.spec_from_file_location(f"_view_example_{name}", ROOT / "examples" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+outlier = _example("view_outlier")
+browser_driver = _example("view_screenshot")
 
 
 @pytest.fixture(scope="module")
 def flow():
-    torch.manual_seed(0)
-    program, float_model, batches = build()
+    model, batches = outlier.build()
+    program = torch.export.export(model, batches[0])
+    float_model = program.module()
     quantizer = X86InductorQuantizer()
-    prepared, converted = quantize(float_model, batches, quantizer)
+    prepared = qw.prepare_pt2e(float_model, quantizer)
+    with torch.no_grad():
+        for batch in batches:
+            prepared(*batch)
+    converted = qw.convert_pt2e(prepared)
     numerics = qw.compare(float_model, converted, batches)
     report = qw.annotation_report(prepared, quantizer, numerics=numerics)
     return program, float_model, batches, prepared, numerics, report
 
 
-def _adapter_graph(program):
-    """The graph Model Explorer's own adapter builds (not quantweave's helper)."""
+@pytest.fixture(scope="module")
+def served():
+    """`quantweave view examples/view_outlier.py:build --quantizer x86` on a free local port: the page's URL."""
+    with browser_driver.serving() as url:
+        yield url
+
+
+def _adapter_graph(program, ordered: bool = False):
+    """The graph Model Explorer's own adapter builds (not quantweave's helper): its id and node ids."""
     (graph,) = PytorchExportedProgramAdapterImpl(program, DEFAULT_SETTINGS).convert()["graphs"]
-    return graph.id, {node.id for node in graph.nodes}
+    ids = [node.id for node in graph.nodes]
+    return graph.id, (ids if ordered else set(ids))
 
 
 def _load(path: Path, labels: bool = False) -> dict[str, ndb.GraphNodeData]:
@@ -127,71 +154,82 @@ def test_a_compared_node_missing_from_the_program_is_named(flow):
         view.overlays(program.module(), numerics)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=5) as response:
+    with urllib.request.urlopen(url, timeout=10) as response:
         assert response.status == 200
         return response.read()
 
 
-SERVE = """
-import sys
-sys.path.insert(0, {root!r})
-import quantweave as qw
-from quantweave import view
-from quantweave_x86.quantizer import X86InductorQuantizer
-from tests.view.hurt import build, quantize
-program, float_model, batches = build()
-q = X86InductorQuantizer()
-prepared, converted = quantize(float_model, batches, q)
-numerics = qw.compare(float_model, converted, batches)
-view.serve(program, numerics, qw.annotation_report(prepared, q, numerics=numerics), name="hurt",
-           host="127.0.0.1", port={port})
-"""
+def test_the_local_server_serves_the_graph_and_the_overlays(served):
+    base = served.split("/?", 1)[0]
+    assert _get(f"{base}/check_health") == b"model_explorer_ok"
+    assert b"<html" in _get(f"{base}/").lower()  # the web app, from the installed package
+    graphs = json.loads(_get(f"{base}/api/v1/load_graphs_json?graph_index=0"))
+    ids = {node["id"] for node in graphs["graphs"][0]["nodes"]}
+    assert HURT_NODE in ids
+    names = []
+    for index in range(len(view.OVERLAYS)):
+        content = json.loads(json.loads(_get(f"{base}/api/v1/load_node_data?node_data_index={index}"))["content"])
+        ((graph_id, data),) = content.items()
+        assert graph_id == graphs["graphs"][0]["id"]
+        assert set(data["results"]) <= ids
+        names.append(data["name"])
+    assert names == list(reversed(view.OVERLAYS.values()))  # op SQNR last: the one Model Explorer shows
 
 
-def test_the_local_server_serves_the_graph_and_the_overlays(tmp_path):
-    port = _free_port()
-    env = {**os.environ, "BROWSER": "false", "no_proxy": "*"}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SERVE.format(root=str(ROOT), port=port)],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
+def _rgb(hex_colour: str) -> tuple[int, int, int]:
+    return tuple(int(hex_colour[i : i + 2], 16) for i in (1, 3, 5))  # type: ignore[return-value]
+
+
+def test_the_page_draws_the_graph_and_the_overlays_in_a_headless_browser(served, flow):
+    """The page in headless Chromium (no network: every request off the machine fails at once):
+    the graph is laid out with the adapter's nodes; the Node data table shows each compared
+    op's SQNR with its band colour, the hurt layer's alone in the low bands; the canvas, layers
+    expanded, is drawn (not blank) with the hurt node's band colour on it."""
+    binary = browser_driver.find_browser()
+    if binary is None:
+        pytest.skip(f"no headless browser: none of {', '.join(browser_driver.BROWSERS)} is on PATH")
+    program, _, _, _, numerics, _ = flow
+    graph_id, ids = _adapter_graph(program, ordered=True)
+    sqnr = view.overlays(program, numerics)["op_sqnr_db"].graphsData[graph_id]
+    band = {n: next(t.bgColor for t in sqnr.thresholds if r.value <= t.value) for n, r in sqnr.results.items()}
+    low = {t.bgColor for t in sqnr.thresholds[:2]}  # <= 20 dB: red and orange
+    browser = browser_driver.Chromium(binary)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                assert _get(f"{base}/check_health") == b"model_explorer_ok"
+        state = browser_driver.wait_for_graph(browser, served, list(view.OVERLAYS.values()))
+        assert state["nodes"] == str(len(ids))
+        column = 2 + state["headers"].index(view.OVERLAYS["op_sqnr_db"])
+        quantizer = 2 + state["headers"].index(view.OVERLAYS["quantizer"])
+        rows = {ids[int(row[0][0])]: row for row in state["rows"]}
+        assert set(rows) == set(ids)
+        shown = {node: row[column] for node, row in rows.items() if row[column][0] != "-"}
+        assert set(shown) == set(sqnr.results)
+        for node, (value, colour) in shown.items():
+            assert float(value) == pytest.approx(sqnr.results[node].value), node
+            assert colour == "rgb({}, {}, {})".format(*_rgb(band[node])), node
+        assert [n for n in shown if band[n] in low] == [HURT_NODE]
+        assert rows[HURT_NODE][quantizer][0] == "x86"
+
+        browser_driver.expand_all(browser)
+        deadline = time.monotonic() + 60
+        hurt_colour = _rgb(band[HURT_NODE])
+        while True:  # the layers open (animated): the hurt node's op is drawn in its band's colour
+            picture = Image.open(io.BytesIO(browser.screenshot(clip=state["canvas"]))).convert("RGB")
+            colours = dict((c, n) for n, c in picture.getcolors(maxcolors=1 << 24))
+            if colours.get(hurt_colour, 0) > 500 or time.monotonic() > deadline:
                 break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    output = proc.stdout.read().decode() if proc.stdout else ""
-                    raise AssertionError(f"server did not start: {output}") from None
-                time.sleep(0.5)
-        assert b"<html" in _get(f"{base}/").lower()  # the web app, from the installed package
-        graphs = json.loads(_get(f"{base}/api/v1/load_graphs_json?graph_index=0"))
-        ids = {node["id"] for node in graphs["graphs"][0]["nodes"]}
-        assert HURT_NODE in ids
-        names = []
-        for index in range(len(view.OVERLAYS)):
-            content = json.loads(json.loads(_get(f"{base}/api/v1/load_node_data?node_data_index={index}"))["content"])
-            ((graph_id, data),) = content.items()
-            assert graph_id == graphs["graphs"][0]["id"]
-            assert set(data["results"]) <= ids
-            names.append(data["name"])
-        assert names == list(reversed(view.OVERLAYS.values()))  # op SQNR last: the one Model Explorer shows
+            time.sleep(0.5)
+        assert colours.get(hurt_colour, 0) > 500, sorted(colours.items(), key=lambda kv: -kv[1])[:10]
+        assert len(colours) > 50  # not blank: boxes, text, edges
+        assert not any(colours.get(_rgb(c), 0) for c in low - {band[HURT_NODE]})  # no other low band drawn
+        requests = browser.requests()
+        local = "http://127.0.0.1:"
+        assert any(url.startswith(local) and status == "ok" for url, status in requests.items())
+        assert all(status.startswith("failed") for url, status in requests.items() if not url.startswith(local)), (
+            requests
+        )
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        browser.close()
 
 
 def test_serve_names_a_taken_port(flow):
@@ -267,7 +305,7 @@ def test_cli_writes_overlays_program_and_plots(tmp_path, capsys):
     code = main(
         [
             "view",
-            "tests.view.hurt:cli_build",
+            f"{OUTLIER}:build",
             "--quantizer",
             "x86",
             "--out",
@@ -293,9 +331,7 @@ def test_cli_writes_overlays_program_and_plots(tmp_path, capsys):
 def test_cli_names_a_bad_plot_observer_argument(capsys):
     manager = PluginManager(entry_points=[])
     manager.register("x86", x86_plugin)
-    code = main(
-        ["view", "tests.view.hurt:cli_build", "--quantizer", "x86", "--plot-observer", "relu_1"], manager=manager
-    )
+    code = main(["view", f"{OUTLIER}:build", "--quantizer", "x86", "--plot-observer", "relu_1"], manager=manager)
     assert code == 2
     assert "--plot-observer" in capsys.readouterr().err
 
@@ -308,7 +344,7 @@ def test_cli_serve_names_a_taken_port(capsys):
         s.listen()
         port = s.getsockname()[1]
         code = main(
-            ["view", "tests.view.hurt:cli_build", "--quantizer", "x86", "--host", "127.0.0.1", "--port", str(port)],
+            ["view", f"{OUTLIER}:build", "--quantizer", "x86", "--host", "127.0.0.1", "--port", str(port)],
             manager=manager,
         )
     assert code == 2
