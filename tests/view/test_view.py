@@ -314,10 +314,16 @@ def test_cli_writes_overlays_program_and_plots(tmp_path, capsys):
             str(tmp_path / "sqnr.svg"),
             "--plot-observer",
             f"{HURT_NODE}:1={tmp_path / 'w.png'}",
+            "--plot-fallback",
+            str(tmp_path / "fallback.svg"),
+            "--max-drop",
+            "1e-5",
+            "--max-units",
+            "2",
         ],
         manager=manager,
     )
-    _, stderr = capsys.readouterr()
+    stdout, stderr = capsys.readouterr()
     assert code == 0, stderr
     assert {p.name for p in out.iterdir()} == {f"{k}.json" for k in view.OVERLAYS} | {"model.pt2"}
     program = torch.export.load(str(out / "model.pt2"))
@@ -326,14 +332,28 @@ def test_cli_writes_overlays_program_and_plots(tmp_path, capsys):
     assert set(sqnr.results) <= ids
     assert min(sqnr.results, key=lambda n: sqnr.results[n].value) == HURT_NODE
     assert (tmp_path / "sqnr.svg").stat().st_size > 1000 and (tmp_path / "w.png").stat().st_size > 1000
+    # the fallback leaves the hurt layer float first; its plot draws one point per unit after "all quantized"
+    floated = [line.split("float:", 1)[1] for line in stdout.splitlines() if line.strip().startswith("float:")]
+    assert floated and HURT_NODE in floated[0].split(" -- ")[0].replace(",", " ").split(), stdout
+    figure = (tmp_path / "fallback.svg").read_text()
+    assert f"wrote {tmp_path / 'fallback.svg'}" in stdout
+    assert "all quantized" in figure and HURT_NODE in figure
 
 
-def test_cli_names_a_bad_plot_observer_argument(capsys):
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (["--plot-observer", "relu_1"], "--plot-observer"),
+        (["--plot-fallback", "f.png"], "--max-drop"),
+        (["--plot-fallback", "f.png", "--max-drop", "0", "--max-units", "0"], "--max-units"),
+    ],
+)
+def test_cli_names_a_bad_plot_argument(capsys, extra, named):
     manager = PluginManager(entry_points=[])
     manager.register("x86", x86_plugin)
-    code = main(["view", f"{OUTLIER}:build", "--quantizer", "x86", "--plot-observer", "relu_1"], manager=manager)
+    code = main(["view", f"{OUTLIER}:build", "--quantizer", "x86", *extra], manager=manager)
     assert code == 2
-    assert "--plot-observer" in capsys.readouterr().err
+    assert named in capsys.readouterr().err
 
 
 def test_cli_serve_names_a_taken_port(capsys):

@@ -44,7 +44,7 @@ from ._modules.view_support import (
     offline_server,
     port_free,
 )
-from .float_fallback import FallbackResult
+from .float_fallback import FallbackResult, fallback
 from .numerics import NumericsReport
 from .observers import is_observer_module
 from .report import AnnotationReport
@@ -372,6 +372,34 @@ def plot_observer(model: GraphModule, node: str, path: str | Path, *, input_inde
 # -- the `quantweave view` command ------------------------------------------------------------
 
 
+def _tensors(output: Any) -> list[torch.Tensor]:
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, Mapping):
+        output = list(output.values())
+    if isinstance(output, (list, tuple)):
+        return [t for item in output for t in _tensors(item)]
+    return []
+
+
+def _output_mse_score(float_model: Any, batches: list[tuple[Any, ...]]) -> Any:
+    """``quantweave view --plot-fallback``'s score (higher is better): minus the mean squared
+    error of a model's outputs against ``float_model``'s, averaged over ``batches``."""
+    with torch.no_grad():
+        reference = [_tensors(float_model(*batch)) for batch in batches]
+
+    def output_mse(model: Any) -> float:
+        with torch.no_grad():
+            errors = [
+                float(torch.mean((got.float() - want.float()) ** 2))
+                for batch, wanted in zip(batches, reference, strict=True)
+                for got, want in zip(_tensors(model(*batch)), wanted, strict=True)
+            ]
+        return -sum(errors) / max(1, len(errors))
+
+    return output_mse
+
+
 def add_view_command(sub: Any) -> None:
     """Add ``quantweave view`` to the CLI's subcommands."""
     p = sub.add_parser(
@@ -380,8 +408,8 @@ def add_view_command(sub: Any) -> None:
         description="Quantize MODEL as 'quantweave compare' does, then either start Model Explorer's local server "
         "on the float program with per-node overlays (op / model SQNR, max error, quantizer, float reason; no "
         "network, no browser unless --open-browser), or, with --out, write the overlays (and the program as "
-        "model.pt2) for a later Model Explorer session. --plot-sqnr / --plot-observer write figures (PNG, SVG or "
-        "PDF). Needs quantweave[view] (serving, --out) and quantweave[plots] (figures).",
+        "model.pt2) for a later Model Explorer session. --plot-sqnr / --plot-observer / --plot-fallback write figures "
+        "(PNG, SVG or PDF). Needs quantweave[view] (serving, --out) and quantweave[plots] (figures).",
     )
     p.add_argument("model", metavar="MODEL", help="FILE.py:FUNCTION or MODULE:FUNCTION returning (model, batches)")
     p.add_argument("--quantizer", required=True, help="an installed quantizer (see 'quantweave plugins')")
@@ -396,6 +424,16 @@ def add_view_command(sub: Any) -> None:
         default=[],
         metavar="NODE[:INPUT]=FILE",
         help="write what the observer of NODE's output (or of its INPUT-th input: 1 = weight) recorded (repeatable)",
+    )
+    p.add_argument(
+        "--plot-fallback",
+        metavar="FILE",
+        help="run quantweave.fallback (score: minus the mean output MSE against the float model on the compare "
+        "batches; needs --max-drop) and write its score versus the number of units left float",
+    )
+    p.add_argument("--max-drop", type=float, metavar="X", help="--plot-fallback: the allowed drop of the score (>= 0)")
+    p.add_argument(
+        "--max-units", type=int, default=3, metavar="N", help="--plot-fallback: leave at most N units float (default 3)"
     )
     p.add_argument("--host", default="localhost", help="server host (default localhost)")
     p.add_argument("--port", type=int, default=8080, help="server port (default 8080: the first free from 8080)")
@@ -425,6 +463,10 @@ def run_view_command(args: Any, manager: Any) -> int:
             if not sep or not node or not file or (colon and not index.isdigit()):
                 return fail(f"--plot-observer {item!r}: expected NODE=FILE or NODE:INPUT=FILE")
             observer_plots.append((node, int(index) if colon else None, file))
+        if args.plot_fallback and (args.max_drop is None or args.max_drop < 0):
+            return fail(f"--plot-fallback needs --max-drop X, the allowed score drop (>= 0); got {args.max_drop}")
+        if args.plot_fallback and args.max_units < 1:
+            return fail(f"--max-units must be >= 1; got {args.max_units}")
         options = cli_factory.parse_options(args.option)
         model, batches = cli_factory.call_factory(cli_factory.load_factory(args.model), args.model)
         quantizer = manager.get_quantizer(args.quantizer, **options)
@@ -448,6 +490,19 @@ def run_view_command(args: Any, manager: Any) -> int:
         numerics = compare(float_model, converted, batches[: args.compare_batches])
         step = "annotation_report"
         report = annotation_report(prepared, quantizer, numerics=numerics)
+        fallback_result = None
+        if args.plot_fallback:
+            step = "quantweave.fallback"
+            fallback_result = fallback(
+                float_model,
+                manager.get_quantizer(args.quantizer, **options),
+                batches[: args.calibration_batches],
+                _output_mse_score(float_model, batches[: args.compare_batches]),
+                args.max_drop,
+                debug_inputs=batches[: args.compare_batches],
+                max_units=args.max_units,
+            )
+            print(fallback_result.summary())
     except Exception as exc:
         return fail(
             f"{step} of MODEL {args.model} with --quantizer {args.quantizer} failed: {type(exc).__name__}: {exc}", 1
@@ -457,12 +512,14 @@ def run_view_command(args: Any, manager: Any) -> int:
             print(f"wrote {plot_sqnr(numerics, program, args.plot_sqnr).path}")
         for node, index, file in observer_plots:
             print(f"wrote {plot_observer(prepared, node, file, input_index=index).path}")
+        if fallback_result is not None:
+            print(f"wrote {plot_fallback(fallback_result, args.plot_fallback).path}")
         if args.out:
             files = write_overlays(program, numerics, report, args.out)
             torch.export.save(program, str(Path(args.out) / "model.pt2"))
             for path in (*files.values(), Path(args.out) / "model.pt2"):
                 print(f"wrote {path}")
-        elif not (args.plot_sqnr or observer_plots):
+        elif not (args.plot_sqnr or observer_plots or args.plot_fallback):
             serve(
                 program,
                 numerics,
