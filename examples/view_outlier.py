@@ -6,7 +6,8 @@ quantweave-x86, its Model Explorer overlays written and the figures of docs/view
 ``fc1``'s output channel 0 is scaled x100 and ``fc2``'s weight column reading it /100 (the
 float function is unchanged): the per-tensor int8 activation fc2 reads spends its range on
 that one channel. Writes OUT_DIR (default ./view-out): the overlays (*.json) and the program
-(model.pt2) for Model Explorer, and docs/images/view_*.png.
+(model.pt2) for Model Explorer, and docs/images/view_*.png. ``build`` is also the model of
+tests/view and of examples/view_screenshot.py (docs/view.md's Model Explorer screenshot).
 """
 
 from __future__ import annotations
