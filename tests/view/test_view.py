@@ -357,6 +357,7 @@ def test_cli_writes_overlays_program_and_plots(tmp_path, capsys):
         (["--plot-observer", "relu_1"], "--plot-observer"),
         (["--plot-fallback", "f.png"], "--max-drop"),
         (["--plot-fallback", "f.png", "--max-drop", "0", "--max-units", "0"], "--max-units"),
+        (["--max-drop", "0.1"], "--plot-fallback"),
     ],
 )
 def test_cli_names_a_bad_plot_argument(capsys, extra, named):

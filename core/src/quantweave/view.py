@@ -465,6 +465,8 @@ def run_view_command(args: Any, manager: Any) -> int:
             observer_plots.append((node, int(index) if colon else None, file))
         if args.plot_fallback and (args.max_drop is None or args.max_drop < 0):
             return fail(f"--plot-fallback needs --max-drop X, the allowed score drop (>= 0); got {args.max_drop}")
+        if args.max_drop is not None and not args.plot_fallback:
+            return fail("--max-drop is for --plot-fallback FILE, which was not given")
         if args.plot_fallback and args.max_units < 1:
             return fail(f"--max-units must be >= 1; got {args.max_units}")
         options = cli_factory.parse_options(args.option)
