@@ -395,7 +395,7 @@ def _output_mse_score(float_model: Any, batches: list[tuple[Any, ...]]) -> Any:
                 for batch, wanted in zip(batches, reference, strict=True)
                 for got, want in zip(_tensors(model(*batch)), wanted, strict=True)
             ]
-        return -sum(errors) / max(1, len(errors))
+        return 0.0 - sum(errors) / max(1, len(errors))  # 0.0, not -0.0, for the float model
 
     return output_mse
 
