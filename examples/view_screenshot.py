@@ -51,6 +51,16 @@ PAGE_STATE = """(() => {
                      return {x: b.x, y: b.y, width: b.width, height: b.height}; })(),
   });
 })()"""
+#: ``python -c WIRE IN OUT BROWSER ARGS...``: the DevTools pipe's ends IN and OUT onto fds 3 (commands
+#: to the browser) and 4 (its replies), then exec the browser
+WIRE = (
+    "import fcntl, os, sys\n"
+    "ends = [fcntl.fcntl(int(fd), fcntl.F_DUPFD, 10) for fd in sys.argv[1:3]]\n"
+    "os.dup2(ends[0], 3)\n"
+    "os.dup2(ends[1], 4)\n"
+    "for fd in {*ends, *map(int, sys.argv[1:3])} - {3, 4}: os.close(fd)\n"
+    "os.execvp(sys.argv[3], sys.argv[3:])\n"
+)
 EXPAND_ALL = (
     'Array.from(document.querySelectorAll("mat-icon")).find(e => e.textContent.trim() === "unfold_more_double").click()'
 )
@@ -73,16 +83,14 @@ class Chromium:
         to_browser, self._writer = os.pipe()
         self._reader, from_browser = os.pipe()
         self._profile = tempfile.mkdtemp(prefix="quantweave-chromium-")
-
-        def wire() -> None:  # in the child: the protocol's fds 3 (commands in) and 4 (replies out)
-            read, write = os.dup(to_browser), os.dup(from_browser)
-            os.dup2(read, 3)
-            os.dup2(write, 4)
-            os.set_inheritable(3, True)
-            os.set_inheritable(4, True)
-
         self.process = subprocess.Popen(
             [
+                sys.executable,  # a trampoline puts the pipes on fds 3 and 4 (no preexec_fn: this may run in threads)
+                "-I",
+                "-c",
+                WIRE,
+                str(to_browser),
+                str(from_browser),
                 binary,
                 "--headless=new",
                 "--no-sandbox",
@@ -100,8 +108,7 @@ class Chromium:
                 "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE localhost , EXCLUDE 127.0.0.1",
                 "about:blank",
             ],
-            pass_fds=(3, 4),
-            preexec_fn=wire,
+            pass_fds=(to_browser, from_browser),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
