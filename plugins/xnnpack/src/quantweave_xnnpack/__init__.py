@@ -7,8 +7,8 @@ optional extra ``quantweave-xnnpack[executorch]``, imported only when it is call
 ``lower_to_edge`` (export + partition, returning what was delegated as a ``Delegation``),
 ``import_executorch``, ``op_name`` and ``is_plumbing`` are public for other lowerings.
 ``get_8da4w_config(group_size)`` is ExecuTorch's 8da4w for linears (dynamic per-token int8
-activations, int4 group-wise weights; XNNPACK's blockwise 4-bit kernels once lowered); ``linear_weights_text(prepared)`` says which linear got
-which weights (or why it stayed float).
+activations, int4 group-wise weights; XNNPACK's blockwise 4-bit kernels once lowered);
+``linear_weights_text(prepared)`` says which linear got which weights (or why it stayed float).
 Names are imported on first use, so plugin discovery (which only needs the declarations)
 stays cheap.
 """
