@@ -5,7 +5,8 @@ scales; ``to_executorch`` hands every linear to XNNPACK's blockwise 4-bit kernel
 the values packed two per byte.
 
 The runtime tests (marker ``executorch``) share one lowered program of a small decoder LM
-(module-scoped fixture)."""
+(module-scoped fixture); the last one lowers ExecuTorch's own 8da4w (torchao's ``quantize_``)
+of the same model beside it."""
 
 import pytest
 import torch
@@ -199,3 +200,29 @@ def test_runtime_output_within_the_converted_models(lm_8da4w, lowered):
     with torch.no_grad():
         assert sqnr(model(*inputs), out) > 15
     assert torch.equal(runner(*inputs)[0], out)
+
+
+@pytest.mark.executorch
+def test_side_by_side_with_executorchs_own_8da4w(lm_8da4w, lowered):
+    """ExecuTorch's own path (torchao 0.18's ``quantize_`` with ``Int8DynamicActivationIntxWeightConfig``,
+    then the XNNPACK partitioner) on the same model: the same program size (both store XNNPACK's packed
+    4-bit weights and bfloat16 scales) and logits as close to float (benchmarks/bench_8da4w.py at size)."""
+    import copy
+
+    pytest.importorskip("torchao", reason="the anchor needs torchao 0.18 (installed with ExecuTorch)")
+    from torchao.quantization import quantize_
+    from torchao.quantization.granularity import PerGroup
+    from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig
+
+    model, inputs, _, _ = lm_8da4w
+    anchor = copy.deepcopy(model)
+    quantize_(
+        anchor, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(GROUP))
+    )
+    theirs = qx.to_executorch(anchor, inputs)
+    assert theirs.delegated.get("aten.linear.default") == lowered.delegated.get("aten.linear.default") == 5
+    assert abs(len(lowered.buffer) - len(theirs.buffer)) <= 0.01 * len(theirs.buffer)
+    with torch.no_grad():
+        reference = model(*inputs)
+    ours_out, theirs_out = lowered.load()(*inputs)[0], theirs.load()(*inputs)[0]
+    assert sqnr(reference, ours_out) >= sqnr(reference, theirs_out) - 0.5
