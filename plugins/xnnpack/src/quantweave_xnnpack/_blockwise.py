@@ -161,7 +161,8 @@ def check_linear_groups(linear: Node, config: qw.QuantizationConfig) -> None:
         return
     if len(shape) != 2 or shape[1] % group_size:
         raise qw.AnnotationError(
-            f"XNNPACKQuantizer: {_layer(linear)}: weight_group_size={group_size} must divide in_features; got a "
+            f"XNNPACKQuantizer: {_layer(linear)}: weight_group_size={group_size} (ExecuTorchQuantizer's "
+            f"linear_group_size) must divide in_features; got a "
             f"weight of shape {tuple(shape)} (in_features {shape[-1]}). Choose a group size that divides it, or "
             "configure the layer apart (set_module_name / set_module_type with an 8-bit config, or None to leave "
             "it float)"
