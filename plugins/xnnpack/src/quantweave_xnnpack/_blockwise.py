@@ -29,6 +29,7 @@ from torch.fx import Node
 import quantweave as qw
 from quantweave.authoring import module_paths
 from quantweave.observers import PerGroupMinMaxObserver
+from quantweave.plugin_api import ANNOTATION_KEY, SKIP_REASON_KEY
 
 from ._graph import weight_shape
 
@@ -208,8 +209,6 @@ def linear_weights(model: Any) -> list[tuple[str, str, str]]:
     """Which linear got what, for a prepared (or annotated) model: one ``(node, layer, weight)``
     per ``aten.linear``, ``weight`` as :func:`weight_form` says (``"float: <why>"`` for a linear
     left float, with the reason the quantizer recorded)."""
-    from quantweave.plugin_api import ANNOTATION_KEY, SKIP_REASON_KEY
-
     rows = []
     for node in model.graph.nodes:
         if node.op != "call_function" or node.target is not torch.ops.aten.linear.default:
