@@ -25,13 +25,17 @@ def member_declarations(
     embedding_symmetric: bool | None = None,
     linear_bits: int | None = 8,
     act_granularity: str = "per_token",
+    linear_group_size: int | None = None,
 ) -> list[tuple[str, tuple[Capability, ...]]]:
     """(plugin, its declarations) per member of the recipe, in member order."""
     if preset == "vision":
         return [("xnnpack", quantweave_xnnpack.declared_capabilities(is_per_channel=True))]
     members = []
     if linear_bits is not None:
-        four = {"weight_qmin": -8, "weight_qmax": 7} if linear_bits == 4 else {}
+        four: dict[str, int] = {"weight_qmin": -8, "weight_qmax": 7} if linear_bits == 4 else {}
+        if linear_group_size is not None:  # 8da4w: blockwise weights, activations per token
+            four["weight_group_size"] = linear_group_size
+            act_granularity = "per_token"
         members.append(
             (
                 "xnnpack",
@@ -53,13 +57,20 @@ def declared_capabilities(
     embedding_symmetric: bool | None = None,
     linear_bits: int | None = 8,
     act_granularity: str = "per_token",
+    linear_group_size: int | None = None,
 ) -> tuple[Capability, ...]:
     """What an ``ExecuTorchQuantizer`` with these options quantizes: its members'
     declarations, each with the member plugin as provenance (``plugin``) and in ``notes``.
     The members of a recipe declare disjoint (pattern, mode) keys, so none shadows another."""
     out: list[Capability] = []
     for plugin, caps in member_declarations(
-        preset, embedding_bits, embedding_group_size, embedding_symmetric, linear_bits, act_granularity
+        preset,
+        embedding_bits,
+        embedding_group_size,
+        embedding_symmetric,
+        linear_bits,
+        act_granularity,
+        linear_group_size,
     ):
         for cap in caps:
             note = f"served by quantweave-{plugin}" + (f"; {cap.notes}" if cap.notes else "")

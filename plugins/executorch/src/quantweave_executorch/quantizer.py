@@ -4,7 +4,9 @@
   time with a (scale, zero point) per token -- what XNNPACK's dynamic linear computes, so the
   program matches the converted model; ``act_granularity="per_tensor"`` takes one per call,
   as ExecuTorch's own ``XNNPACKQuantizer`` -- int8 per-channel weights, or 4-bit per-channel
-  weights with ``linear_bits=4``) from
+  weights with ``linear_bits=4``; with ``linear_group_size`` as well, ExecuTorch's 8da4w: int4
+  weights with a scale per group of input channels, lowered to XNNPACK's blockwise 4-bit
+  kernels; ``linear_overrides`` keeps layers 8-bit, 4-bit or float by module name or type) from
   ``quantweave-xnnpack``, then embedding tables weight-only (8-bit per row, or 4-bit
   group-wise with ``embedding_bits=4``; ``embedding_scale_dtype=torch.float16`` for scales
   stored in 2 bytes) from ``quantweave-embedding``. XNNPACK comes first
@@ -21,6 +23,7 @@ each node.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -29,9 +32,10 @@ import torch
 import quantweave as qw
 from quantweave.plugin_api import Capability, Quantizer
 from quantweave_embedding import EmbeddingQuantizer
-from quantweave_xnnpack import ACT_GRANULARITIES, XNNPACKQuantizer, get_symmetric_quantization_config
+from quantweave_xnnpack import XNNPACKQuantizer, get_symmetric_quantization_config
 
 from ._capabilities import PRESETS
+from ._linears import linear_quantizer
 
 __all__ = ["ExecuTorchQuantizer"]
 
@@ -43,6 +47,8 @@ _LLM_DEFAULTS: dict[str, Any] = {
     "tied": "share",
     "act_granularity": "per_token",
     "embedding_scale_dtype": torch.float32,
+    "linear_group_size": None,
+    "linear_overrides": None,
 }
 
 
@@ -52,6 +58,8 @@ class ExecuTorchQuantizer(qw.ComposableQuantizer):
         ExecuTorchQuantizer("llm")  # 8-bit tables + dynamic int8 linears
         ExecuTorchQuantizer("llm", embedding_bits=4, embedding_group_size=32)  # 4-bit tables
         ExecuTorchQuantizer("llm", linear_bits=4)  # 4-bit per-channel linear weights
+        ExecuTorchQuantizer("llm", linear_bits=4, linear_group_size=32)  # 8da4w (XNNPACK blockwise 4-bit)
+        ExecuTorchQuantizer("llm", linear_bits=4, linear_group_size=32, linear_overrides={"lm_head": 8})
         ExecuTorchQuantizer("llm", act_granularity="per_tensor")  # ExecuTorch's own dynamic form
         ExecuTorchQuantizer("llm", embedding_bits=4, embedding_scale_dtype=torch.float16)  # 2-byte table scales
         ExecuTorchQuantizer("vision")  # static per-channel XNNPACK
@@ -70,6 +78,8 @@ class ExecuTorchQuantizer(qw.ComposableQuantizer):
         tied: str = "share",
         act_granularity: str = "per_token",
         embedding_scale_dtype: torch.dtype = torch.float32,
+        linear_group_size: int | None = None,
+        linear_overrides: Mapping[Any, int | None] | None = None,
     ) -> None:
         if preset not in PRESETS:
             raise ValueError(f"ExecuTorchQuantizer: preset must be one of {', '.join(PRESETS)}; got {preset!r}")
@@ -81,6 +91,8 @@ class ExecuTorchQuantizer(qw.ComposableQuantizer):
             "tied": tied,
             "act_granularity": act_granularity,
             "embedding_scale_dtype": embedding_scale_dtype,
+            "linear_group_size": linear_group_size,
+            "linear_overrides": linear_overrides,
         }
         members: list[Quantizer] = []
         if preset == "vision":
@@ -90,18 +102,9 @@ class ExecuTorchQuantizer(qw.ComposableQuantizer):
             members.append(_xnnpack(get_symmetric_quantization_config(is_per_channel=True)))
         else:
             if linear_bits is not None:
-                if linear_bits not in (4, 8):
-                    raise ValueError(f"ExecuTorchQuantizer: linear_bits must be 8, 4 or None; got {linear_bits!r}")
-                four = {"weight_qmin": -8, "weight_qmax": 7} if linear_bits == 4 else {}
-                if act_granularity not in ACT_GRANULARITIES:
-                    raise ValueError(
-                        f"ExecuTorchQuantizer: act_granularity must be one of {', '.join(ACT_GRANULARITIES)}; "
-                        f"got {act_granularity!r}"
-                    )
-                config = get_symmetric_quantization_config(
-                    is_per_channel=True, is_dynamic=True, act_granularity=act_granularity, **four
-                )
-                members.append(_xnnpack(config))
+                members.append(linear_quantizer(linear_bits, linear_group_size, act_granularity, linear_overrides))
+            elif linear_group_size is not None or linear_overrides:
+                raise ValueError("ExecuTorchQuantizer: linear_group_size / linear_overrides need linear_bits (4 or 8)")
             if embedding_bits is not None:
                 embedding = EmbeddingQuantizer(
                     embedding_bits,

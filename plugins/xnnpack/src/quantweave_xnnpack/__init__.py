@@ -6,6 +6,9 @@ the semantics of ExecuTorch 1.5.1's quantizer, matched on the exported aten grap
 optional extra ``quantweave-xnnpack[executorch]``, imported only when it is called); its steps
 ``lower_to_edge`` (export + partition, returning what was delegated as a ``Delegation``),
 ``import_executorch``, ``op_name`` and ``is_plumbing`` are public for other lowerings.
+``get_8da4w_config(group_size)`` is ExecuTorch's 8da4w for linears (dynamic per-token int8
+activations, int4 group-wise weights; XNNPACK's blockwise 4-bit kernels once lowered);
+``linear_weights_text(prepared)`` says which linear got which weights (or why it stayed float).
 Names are imported on first use, so plugin discovery (which only needs the declarations)
 stays cheap.
 """
@@ -24,9 +27,12 @@ __all__ = [
     "LoadedProgram",
     "XNNPACKQuantizer",
     "declared_capabilities",
+    "get_8da4w_config",
     "get_symmetric_quantization_config",
     "import_executorch",
     "is_plumbing",
+    "linear_weights",
+    "linear_weights_text",
     "lower_to_edge",
     "op_name",
     "to_executorch",
@@ -46,6 +52,9 @@ _WHERE = {
     "XNNPACKQuantizer": "quantizer",
     "get_symmetric_quantization_config": "quantizer",
     "declared_capabilities": "_capabilities",
+    "get_8da4w_config": "_blockwise",
+    "linear_weights": "_blockwise",
+    "linear_weights_text": "_blockwise",
 }
 
 

@@ -19,6 +19,7 @@ def declared_capabilities(
     weight_qmin: int = -127,
     weight_qmax: int = 127,
     act_granularity: str = "per_tensor",
+    weight_group_size: int | None = None,
 ) -> tuple[Capability, ...]:
     """What an ``XNNPACKQuantizer`` whose global config is
     ``get_symmetric_quantization_config(...)`` with these arguments annotates
@@ -27,7 +28,8 @@ def declared_capabilities(
     and linear, axis 1 for conv_transpose), float bias; static and QAT outputs get their own
     qparams, dynamic outputs stay float. Dynamic conv applies only to 4-D, non-depthwise
     weights (a note on the capability; the kit probes a 4-D conv). ``act_granularity=
-    "per_token"`` (dynamic only): activations quantized per token at run time."""
+    "per_token"`` (dynamic only): activations quantized per token at run time.
+    ``weight_group_size``: linear only, weights per output channel and group (8da4w)."""
     act = TensorQuant("int8", act_qmin, act_qmax, act_granularity, symmetric=False)
 
     def weight(rule: Rule) -> TensorQuant:
@@ -37,4 +39,9 @@ def declared_capabilities(
         return TensorQuant("int8", weight_qmin, weight_qmax, "per_channel", symmetric=True, ch_axis=axis)
 
     mode = Mode.DYNAMIC if is_dynamic else Mode.QAT if is_qat else Mode.STATIC
+    if weight_group_size is not None:  # blockwise weights: linear only
+        group = TensorQuant(
+            "int8", weight_qmin, weight_qmax, "per_group", True, ch_axis=0, group_size=weight_group_size
+        )
+        return tuple(c for c in TABLE.capabilities(mode, act, lambda rule: group) if c.pattern == "linear")
     return TABLE.capabilities(mode, act, weight)

@@ -12,6 +12,8 @@ import quantweave as qw
 from quantweave.authoring import activation_observer, weight_observer
 from quantweave.observers import FakeQuantize, FusedMovingAvgObsFakeQuantize
 
+from ._blockwise import check_blockwise, groupwise_weight_spec
+
 __all__ = ["ACT_GRANULARITIES", "get_symmetric_quantization_config", "transpose_weight_spec"]
 
 #: the dynamic activation granularities of :func:`get_symmetric_quantization_config`
@@ -28,6 +30,7 @@ def get_symmetric_quantization_config(
     weight_qmin: int = -127,
     weight_qmax: int = 127,
     act_granularity: str = "per_tensor",
+    weight_group_size: int | None = None,
 ) -> qw.QuantizationConfig:
     """The XNNPACK recipe: int8 per-tensor affine activations in ``[act_qmin, act_qmax]``
     (HistogramObserver; PlaceholderObserver when dynamic, whose config then quantizes no
@@ -45,7 +48,12 @@ def get_symmetric_quantization_config(
     (``QuantizationSpec(per_token=True)``: ``choose_qparams_per_token_asymmetric``), which is
     what XNNPACK's dynamically quantized linear computes, so the lowered program matches the
     converted model. ``"per_token"`` needs ``is_dynamic=True``, ``is_qat=False`` and the full
-    int8 activation range [-128, 127]."""
+    int8 activation range [-128, 127].
+
+    ``weight_group_size`` (a multiple of 32): weights get a scale per output channel and run
+    of that many input channels (XNNPACK's blockwise 4-bit linear; linears only, convs stay
+    float). With ``weight_qmin=-8, weight_qmax=7``, ``is_dynamic=True`` and ``"per_token"``
+    this is ExecuTorch's 8da4w (``get_8da4w_config``; see :mod:`._blockwise`)."""
     for name, value in (("is_per_channel", is_per_channel), ("is_qat", is_qat), ("is_dynamic", is_dynamic)):
         if not isinstance(value, bool):
             raise TypeError(f"get_symmetric_quantization_config: {name} must be a bool; got {value!r}")
@@ -61,6 +69,8 @@ def get_symmetric_quantization_config(
             "time: it needs is_dynamic=True, is_qat=False, act_qmin=-128, act_qmax=127; got "
             f"is_dynamic={is_dynamic}, is_qat={is_qat}, act_qmin={act_qmin}, act_qmax={act_qmax}"
         )
+    if weight_group_size is not None:
+        check_blockwise(weight_group_size, is_per_channel, is_qat, is_dynamic, weight_qmin, weight_qmax)
     act_ctr = activation_observer(is_qat=is_qat, is_dynamic=is_dynamic)
     weight_ctr = weight_observer(per_channel=is_per_channel, is_qat=is_qat)
     act = qw.QuantizationSpec(
@@ -80,6 +90,8 @@ def get_symmetric_quantization_config(
         ch_axis=0,
         observer_or_fake_quant_ctr=weight_ctr,
     )
+    if weight_group_size is not None:
+        weight = groupwise_weight_spec(weight_group_size, weight_qmin, weight_qmax)
     return qw.QuantizationConfig(act, None if is_dynamic else act, weight, None, is_qat)
 
 

@@ -14,6 +14,7 @@ import quantweave as qw
 from quantweave import authoring
 from quantweave.authoring import calls, is_float_tensor, only_user
 
+from ._blockwise import groupwise_reason
 from ._config import transpose_weight_spec
 from ._graph import (
     BATCH_NORM,
@@ -70,6 +71,8 @@ def _weighted_then(node: Node, last: Node, transpose: bool) -> Annotate:
     def annotate(config: qw.QuantizationConfig) -> str | None:
         if transpose and conv_transpose_groups(node) != 1:
             return GROUPED_CONV_TRANSPOSE
+        if (reason := groupwise_reason(node, config)) is not None:
+            return reason
         _weighted(node, config, transpose)
         authoring.annotate_output_qspec(last, config.output_activation)
         return None

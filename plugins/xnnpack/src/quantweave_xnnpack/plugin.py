@@ -19,7 +19,7 @@ def make_quantizer(**options: Any) -> Quantizer:
     """Factory registered for ``xnnpack``: an ``XNNPACKQuantizer`` whose global config is
     ``get_symmetric_quantization_config(**options)`` (same options and defaults:
     ``is_per_channel``, ``is_qat``, ``is_dynamic``, ``act_qmin``, ``act_qmax``,
-    ``weight_qmin``, ``weight_qmax``)."""
+    ``weight_qmin``, ``weight_qmax``, ``act_granularity``, ``weight_group_size``)."""
     from .quantizer import XNNPACKQuantizer, get_symmetric_quantization_config
 
     return XNNPACKQuantizer().set_global(get_symmetric_quantization_config(**options))

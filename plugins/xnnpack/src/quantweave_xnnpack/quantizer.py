@@ -153,6 +153,7 @@ class XNNPACKQuantizer(qw.Quantizer):
             act_qmax=act.quant_max if act.quant_max is not None else 127,
             weight_qmin=weight.quant_min if weight.quant_min is not None else -128,
             weight_qmax=weight.quant_max if weight.quant_max is not None else 127,
+            weight_group_size=weight.group_size,
         )
 
     # -- transform and annotation --------------------------------------------------------------

@@ -1,0 +1,220 @@
+"""8da4w on XNNPACK: ExecuTorch's own path (torchao source transform) vs quantweave's PT2E path.
+
+Needs ExecuTorch 1.5.1 and torchao 0.18 (installed as in plugins/executorch/README.md:
+``--no-deps``). Same model for both: ``quantweave.testing.models.tiny_decoder_lm()`` (vocab
+32000, dim 128, 2 layers, untied head; ``--quick``: vocab 4096). Both quantize every linear
+to 8da4w (int8 activations per token, chosen at run time; int4 symmetric weights in groups of
+``--group-size``) and the token table to 4-bit group-wise (same group size), then lower with
+``to_edge_transform_and_lower`` + ``XnnpackPartitioner``:
+
+- ``anchor``: torchao 0.18 ``quantize_(model, Int8DynamicActivationIntxWeightConfig(
+  weight_dtype=torch.int4, weight_granularity=PerGroup(g)))`` on the linears and
+  ``quantize_(model, IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(g)),
+  filter_fn=<embeddings>)`` on both tables (token and position, the scope of ours), then
+  ``torch.export`` and ``to_edge_transform_and_lower`` (ExecuTorch's quant fusion turns the
+  table's ``dequantize_affine`` into ``embedding_4bit``);
+- ``ours``: ``ExecuTorchQuantizer("llm", linear_bits=4, linear_group_size=g,
+  embedding_bits=4, embedding_group_size=g)``, prepare, convert, then
+  ``quantweave_executorch.to_executorch``.
+
+Quantize time: the anchor's ``quantize_`` calls vs our prepare + convert of the exported model
+(no calibration: 8da4w's activations are quantized at run time and weights are observed at
+convert, so calibrating changes nothing); "to export": from the float model to the exported
+program ``to_edge_transform_and_lower`` takes (anchor: ``quantize_`` + ``torch.export``; ours:
+``torch.export`` + prepare + convert + ``torch.export``). Lowering, ExecuTorch's in both, is not
+timed. Each is measured ``--repeats`` times,
+interleaved, median reported. Runtime latency: the full forward of a 64-token window on the
+ExecuTorch runtime, interleaved rounds, median call. Also: .pte size (and fp32's), logits SQNR
+vs the float model and top-1 agreement over 8 prompts, ratios ours / anchor, the load average.
+
+    python benchmarks/bench_8da4w.py [--quick] [--group-size 32] [--iters N] [--repeats N] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import time
+import warnings
+from typing import Any
+
+import torch
+
+warnings.filterwarnings("ignore")
+
+
+def latency(runners: dict[str, Any], inputs: tuple[torch.Tensor, ...], iters: int, rounds: int = 5) -> dict:
+    """Median seconds per forward call of each loaded program, timed in interleaved rounds."""
+    for runner in runners.values():
+        for _ in range(max(3, iters // 10)):
+            runner(*inputs)
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    per_round = max(1, iters // rounds)
+    names = list(runners)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            for _ in range(per_round):
+                start = time.perf_counter()
+                runners[name](*inputs)
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def quantize_anchor(model: torch.nn.Module, group_size: int) -> torch.nn.Module:
+    """ExecuTorch's 8da4w source transform (torchao 0.18) on a copy of ``model``."""
+    from torchao.quantization import quantize_
+    from torchao.quantization.granularity import PerGroup
+    from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig
+
+    anchor = copy.deepcopy(model)
+    quantize_(
+        anchor,
+        IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(group_size)),
+        filter_fn=lambda m, fqn: isinstance(m, torch.nn.Embedding),  # both tables, as ours
+    )
+    quantize_(
+        anchor,
+        Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(group_size)),
+    )
+    return anchor
+
+
+def quantize_ours(model: torch.nn.Module, window: tuple, group_size: int) -> tuple[Any, float]:
+    """Ours, and the seconds spent in prepare + convert (the rest is torch.export). No calibration:
+    the activations are quantized at run time and the weights are observed at convert."""
+    import quantweave as qw
+    import quantweave_executorch as qe
+
+    exported = torch.export.export(model, window).module()
+    start = time.perf_counter()
+    quantizer = qe.ExecuTorchQuantizer(
+        "llm", linear_bits=4, linear_group_size=group_size, embedding_bits=4, embedding_group_size=group_size
+    )
+    converted = qw.convert_pt2e(qw.prepare_pt2e(exported, quantizer))
+    return converted, time.perf_counter() - start
+
+
+def lower_anchor(anchor: torch.nn.Module, window: tuple) -> bytes:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
+
+    edge = to_edge_transform_and_lower(torch.export.export(anchor, window), partitioner=[XnnpackPartitioner()])
+    return bytes(edge.to_executorch(ExecutorchBackendConfig(do_quant_fusion_and_const_prop=True)).buffer)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="vocab 4096 (a smoke run, not the recorded figures)")
+    parser.add_argument("--group-size", type=int, default=32)
+    parser.add_argument("--iters", type=int, default=100, help="timed runtime calls per program")
+    parser.add_argument("--repeats", type=int, default=3, help="quantize runs per path (interleaved)")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+
+    import executorch.kernels.quantized  # noqa: F401  (embedding_4bit for the anchor's program)
+    from executorch.runtime import Runtime
+
+    import quantweave_executorch as qe
+    from quantweave.testing.inspect import sqnr
+    from quantweave.testing.models import lm_prompts, tiny_decoder_lm
+
+    torch.set_num_threads(2)
+    load_before = os.getloadavg()
+    model = tiny_decoder_lm(vocab=4096 if args.quick else 32000)
+    prompts = lm_prompts(model, 8)
+    window = (prompts[:1],)
+    g = args.group_size
+    with torch.no_grad():
+        reference = torch.cat([model(prompts[i : i + 1]) for i in range(8)])
+
+    # "quantize": the anchor's quantize_ calls vs our prepare + convert; "to export": from the float model to
+    # the exported program to_edge_transform_and_lower takes (anchor: quantize_ + torch.export; ours:
+    # torch.export + prepare + convert + torch.export, the second export being the one to_executorch does)
+    times: dict[str, list[float]] = {"anchor": [], "ours": []}
+    to_export: dict[str, list[float]] = {"anchor": [], "ours": []}
+    anchor = converted = None
+    for r in range(args.repeats):
+        for name in ("anchor", "ours") if r % 2 == 0 else ("ours", "anchor"):
+            start = time.perf_counter()
+            if name == "anchor":
+                anchor = quantize_anchor(model, g)
+                times[name].append(time.perf_counter() - start)
+                torch.export.export(anchor, window)
+            else:
+                converted, seconds = quantize_ours(model, window, g)
+                times[name].append(seconds)
+                torch.export.export(converted, window)
+            to_export[name].append(time.perf_counter() - start)
+    assert anchor is not None and converted is not None
+
+    buffers = {
+        "fp32": qe.to_executorch(model, window).buffer,
+        "anchor": lower_anchor(anchor, window),
+        "ours": qe.to_executorch(converted, window).buffer,
+    }
+    programs = {name: Runtime.get().load_program(buf) for name, buf in buffers.items()}  # keep the programs alive
+    methods = {name: program.load_method("forward") for name, program in programs.items()}
+    runners = {name: (lambda *x, m=method: m.execute(list(x))) for name, method in methods.items()}
+    outputs = {name: torch.cat([run(prompts[i : i + 1])[0] for i in range(8)]) for name, run in runners.items()}
+    lat = latency(runners, window, args.iters)
+    load_after = os.getloadavg()
+
+    params = sum(p.numel() for p in model.parameters())
+    print(
+        f"tiny_decoder_lm: vocab {model.tok.num_embeddings}, dim {model.tok.embedding_dim}, {len(model.blocks)} "
+        f"layers, {params:,} parameters, untied head; 8da4w group size {g}; forward of a {window[0].shape[1]}-token "
+        "window, batch 1"
+    )
+    print(f"load average (1, 5, 15 min) before {load_before}, after {load_after}")
+    results: dict[str, Any] = {
+        "parameters": params,
+        "group_size": g,
+        "load_before": load_before,
+        "load_after": load_after,
+    }
+    header = f"{'program':<8} {'.pte bytes':>12} {'vs fp32':>8} {'forward ms':>11} {'SQNR dB':>8} {'top-1':>6}"
+    print(f"{header} {'quantize s':>11} {'to export s':>12}")
+    for name, buf in buffers.items():
+        out = outputs[name]
+        row = {
+            "pte_bytes": len(buf),
+            "smaller_than_fp32": len(buffers["fp32"]) / len(buf),
+            "forward_ms": lat[name] * 1e3,
+            "sqnr_vs_float_db": sqnr(reference, out),
+            "top1_agreement": (out.argmax(-1) == reference.argmax(-1)).float().mean().item(),
+            "quantize_s": statistics.median(times[name]) if name in times else None,
+            "to_export_s": statistics.median(to_export[name]) if name in to_export else None,
+        }
+        results[name] = row
+        quantize = "-" if row["quantize_s"] is None else f"{row['quantize_s']:.3f}"
+        exported_s = "-" if row["to_export_s"] is None else f"{row['to_export_s']:.3f}"
+        print(
+            f"{name:<8} {row['pte_bytes']:>12,} {row['smaller_than_fp32']:>7.2f}x {row['forward_ms']:>11.3f} "
+            f"{row['sqnr_vs_float_db']:>8.2f} {row['top1_agreement']:>6.3f} {quantize:>11} {exported_s:>12}"
+        )
+    ours, anchor_row = results["ours"], results["anchor"]
+    ratios = {
+        "pte_size": ours["pte_bytes"] / anchor_row["pte_bytes"],
+        "sqnr_db_difference": ours["sqnr_vs_float_db"] - anchor_row["sqnr_vs_float_db"],
+        "latency": ours["forward_ms"] / anchor_row["forward_ms"],
+        "quantize_time": ours["quantize_s"] / anchor_row["quantize_s"],
+        "to_export_time": ours["to_export_s"] / anchor_row["to_export_s"],
+    }
+    results["ours_vs_anchor"] = ratios
+    print(
+        f"ours / anchor: .pte {ratios['pte_size']:.4f}x, SQNR {ratios['sqnr_db_difference']:+.2f} dB, "
+        f"latency {ratios['latency']:.3f}x, quantize time {ratios['quantize_time']:.3f}x "
+        f"(to export {ratios['to_export_time']:.3f}x) "
+        f"(goals: .pte >= 6.5x smaller than fp32, SQNR >= -0.5 dB, latency <= 1.1x, quantize <= 0.5x)"
+    )
+    print("figures from a loaded machine are not speed claims: re-measure latency and quantize time on a quiet one")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
