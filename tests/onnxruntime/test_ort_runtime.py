@@ -162,3 +162,35 @@ def test_composed_with_the_embedding_plugin_token_tables_export_and_3d_linears_a
     session = ort_session(path, intra_op_threads=1)
     got = session.run(None, {session.get_inputs()[0].name: tokens.numpy()})[0]
     assert np.abs(got - converted(tokens).detach().numpy()).max() <= 3 * _output_step(converted) + 1e-6
+
+
+def _int32_bias_users(path):
+    """Op type of each consumer of a DequantizeLinear whose input is an int32 initializer, with
+    that DequantizeLinear's zero points."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(path)).graph
+    tensors = {t.name: t for t in graph.initializer}
+    tensors.update({n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant" and n.attribute})
+    found = []
+    for node in graph.node:
+        source = tensors.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
+        if source is None or source.data_type != onnx.TensorProto.INT32:
+            continue
+        users = [u.op_type for u in graph.node if node.output[0] in u.input]
+        zero_point = numpy_helper.to_array(tensors[node.input[2]]) if len(node.input) > 2 else np.zeros(1)
+        found.append((tuple(users), zero_point))
+    return found
+
+
+def test_int32_biases_are_where_quantize_static_writes_them_and_ort_still_fuses(cnn_runs):
+    ours, theirs = _int32_bias_users(cnn_runs["ours"]), _int32_bias_users(cnn_runs["ort"])
+    assert sorted(u for u, _ in ours) == sorted(u for u, _ in theirs) == [("Conv",)] * 3 + [("Gemm",)]
+    assert all(not zero_point.any() for _, zero_point in ours)
+    ops = int8_kernels(cnn_runs["ours"])
+    assert ops.get("QLinearConv") == 3 and ops.get("QGemm") == 1 and "Conv" not in ops and "Gemm" not in ops
+    # the converted model computes with the same int32 bias: ORT's output within one step of it
+    x = cnn_runs["x"]
+    got, expected = _run(cnn_runs["ours"], x), cnn_runs["converted"](x).detach().numpy()
+    assert np.abs(got - expected).max() <= _output_step(cnn_runs["converted"]) + 1e-6

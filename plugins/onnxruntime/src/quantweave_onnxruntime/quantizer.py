@@ -528,7 +528,7 @@ def _int32_bias_fits(node: Node, x: Node) -> bool:
         return isinstance(value, torch.Tensor) and value.dim() == 2
     if node.target in _TRANSPOSED:
         groups = node.args[6] if len(node.args) > 6 else node.kwargs.get("groups", 1)
-        return groups == 1
+        return bool(groups == 1)
     return True
 
 

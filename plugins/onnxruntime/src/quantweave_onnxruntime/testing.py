@@ -189,6 +189,7 @@ class MobileNetLike(torch.nn.Module):
         with torch.no_grad():
             for module in self.modules():
                 if isinstance(module, torch.nn.BatchNorm2d):
+                    assert module.running_mean is not None and module.running_var is not None
                     module.running_mean.uniform_(-0.5, 0.5)
                     module.running_var.uniform_(0.5, 2.0)
 
@@ -257,7 +258,7 @@ def _input_name(path: Path) -> str:
 def _reader(name: str, batches: Sequence[torch.Tensor]) -> Any:
     from onnxruntime import quantization
 
-    class Reader(quantization.CalibrationDataReader):  # type: ignore[misc]
+    class Reader(quantization.CalibrationDataReader):
         def __init__(self) -> None:
             self.feeds = iter([{name: b.numpy()} for b in batches])
 
