@@ -19,13 +19,19 @@ and the three models run on ONNX Runtime's CPU provider (2 intra-op threads). Mo
               hidden 128, 4 heads, eager attention; 64 tokens, batch 8), static and dynamic
               (skipped when transformers is not installed).
 
-Latencies are medians of interleaved repetitions (fp32, ours, ORT, fp32, ...). Printed per
-model: quantize time (export included), SQNR vs the float PyTorch model, model size, int8
-products / all conv + matmul + gemm products in ORT's optimized graph, latency and ratios; then
-the CPU's int8 flags and the load average.
+The models, ORT's side and the measures come from ``quantweave_onnxruntime.testing`` (shared
+with tests/onnxruntime). Latencies are medians of interleaved repetitions (fp32, ours, ORT,
+fp32, ...). Quantizing is done ``--quantize-reps`` times each way, interleaved (ours, ORT, ORT,
+ours, ...), medians. Printed per model: quantize time (export included), SQNR vs the float
+PyTorch model, model size, int8 products / all conv + matmul + gemm products in ORT's optimized
+graph, latency and ratios; then where quantize time goes: ours split into torch.export,
+prepare, calibrate (``qw.calibrate``), convert, torch.onnx.export and the rest of ``to_onnx``;
+ORT's into torch.onnx.export of the float model and ORT's quantizer (quant_pre_process +
+quantize_static, or quantize_dynamic); then the CPU's int8 flags and the load average.
 
     pip install torch==2.13.0 numpy onnx onnxscript onnxruntime transformers ./core ./plugins/onnxruntime
-    python benchmarks/bench_onnxruntime.py [--reps 50] [--models cnn,mobilenet,block,bert] [--observer minmax]
+    python benchmarks/bench_onnxruntime.py [--reps 50] [--quantize-reps 3] [--models cnn,mobilenet,block,bert]
+        [--observer minmax]
 """
 
 from __future__ import annotations
@@ -99,8 +105,8 @@ def quantize_ours(
     prepared = qw.prepare_pt2e(exported, quantizer)
     split["prepare"] = time.perf_counter() - t
     t = time.perf_counter()
-    for b in batches[: 1 if dynamic else None]:
-        prepared(b)  # dynamic: one pass (weights only are observed)
+    # qw.calibrate: under torch.no_grad, as the README calibrates; dynamic: one pass (weights only are observed)
+    qw.calibrate(prepared, batches[: 1 if dynamic else None], progress=False)
     split["calibrate"] = time.perf_counter() - t
     t = time.perf_counter()
     converted = qw.convert_pt2e(prepared)
