@@ -8,7 +8,7 @@ import torch
 
 import quantweave as qw
 from quantweave_onnxruntime import ORTQuantizer, export_onnx, int8_kernels, ort_session
-from quantweave_onnxruntime.testing import CNN, MLP, REDUCE_RANGE, TokenMLP, output_step, quantize, sqnr
+from quantweave_onnxruntime.testing import CNN, MLP, REDUCE_RANGE, TokenMLP, output_step, products, quantize, sqnr
 
 ort = pytest.importorskip("onnxruntime", reason="needs onnx, onnxscript and onnxruntime (tox -e onnxruntime)")
 quantization = pytest.importorskip("onnxruntime.quantization", reason="needs onnxruntime (tox -e onnxruntime)")
@@ -194,3 +194,16 @@ def test_int32_biases_are_where_quantize_static_writes_them_and_ort_still_fuses(
     x = cnn_runs["x"]
     got, expected = _run(cnn_runs["ours"], x), cnn_runs["converted"](x).detach().numpy()
     assert np.abs(got - expected).max() <= _output_step(cnn_runs["converted"]) + 1e-6
+
+
+def test_a_module_left_float_by_its_config_runs_float_and_the_rest_int8(tmp_path):
+    from quantweave_onnxruntime import ORTConfig
+
+    torch.manual_seed(0)
+    model, x = CNN().eval(), torch.randn(2, 3, 16, 16)
+    quantizer = ORTQuantizer(reduce_range=REDUCE_RANGE).set_module_name("fc", None)
+    quantizer.set_module_name("c3", ORTConfig(per_channel=False, reduce_range=REDUCE_RANGE))
+    converted, path = quantize(model, [torch.randn(2, 3, 16, 16) for _ in range(2)], x, quantizer, tmp_path / "m.onnx")
+    ops = int8_kernels(path)
+    assert ops.get("QLinearConv") == 3 and "QGemm" not in ops and products(ops) == (3, 1), ops  # fc: a float gemm
+    assert sqnr(converted(x).detach().numpy(), _run(path, x)) > 35
