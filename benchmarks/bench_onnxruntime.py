@@ -19,13 +19,19 @@ and the three models run on ONNX Runtime's CPU provider (2 intra-op threads). Mo
               hidden 128, 4 heads, eager attention; 64 tokens, batch 8), static and dynamic
               (skipped when transformers is not installed).
 
-Latencies are medians of interleaved repetitions (fp32, ours, ORT, fp32, ...). Printed per
-model: quantize time (export included), SQNR vs the float PyTorch model, model size, int8
-products / all conv + matmul + gemm products in ORT's optimized graph, latency and ratios; then
-the CPU's int8 flags and the load average.
+The models, ORT's side and the measures come from ``quantweave_onnxruntime.testing`` (shared
+with tests/onnxruntime). Latencies are medians of interleaved repetitions (fp32, ours, ORT,
+fp32, ...). Quantizing is done ``--quantize-reps`` times each way, interleaved (ours, ORT, ORT,
+ours, ...), medians. Printed per model: quantize time (export included), SQNR vs the float
+PyTorch model, model size, int8 products / all conv + matmul + gemm products in ORT's optimized
+graph, latency and ratios; then where quantize time goes: ours split into torch.export,
+prepare, calibrate (``qw.calibrate``), convert, torch.onnx.export and the rest of ``to_onnx``;
+ORT's into torch.onnx.export of the float model and ORT's quantizer (quant_pre_process +
+quantize_static, or quantize_dynamic); then the CPU's int8 flags and the load average.
 
     pip install torch==2.13.0 numpy onnx onnxscript onnxruntime transformers ./core ./plugins/onnxruntime
-    python benchmarks/bench_onnxruntime.py [--reps 50] [--models cnn,mobilenet,block,bert] [--observer minmax]
+    python benchmarks/bench_onnxruntime.py [--reps 50] [--quantize-reps 3] [--models cnn,mobilenet,block,bert]
+        [--observer minmax]
 """
 
 from __future__ import annotations
@@ -40,156 +46,98 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnxruntime as ort
 import torch
-import torch.nn.functional as F
-from onnxruntime import quantization
-from onnxruntime.quantization.shape_inference import quant_pre_process
 
 import quantweave as qw
-from quantweave_onnxruntime import ORTQuantizer, int8_kernels, ort_session, to_onnx
-
-INT8_PRODUCTS = (
-    "QLinearConv",
-    "QGemm",
-    "QLinearMatMul",
-    "MatMulInteger",
-    "DynamicQuantizeMatMul",
-    "MatMulIntegerToFloat",
+from quantweave_onnxruntime import ORTQuantizer, ort_session, to_onnx
+from quantweave_onnxruntime.testing import (
+    BENCH_MODELS,
+    cpu_int8_flags,
+    ort_quantize_dynamic,
+    ort_quantize_static,
+    products,
+    sqnr,
 )
-FLOAT_PRODUCTS = ("Conv", "FusedConv", "Gemm", "FusedGemm", "MatMul", "FusedMatMul", "MatMulNBits", "ConvTranspose")
-
-
-class CNN(torch.nn.Module):
-    def __init__(self, channels: int = 32) -> None:
-        super().__init__()
-        self.c1 = torch.nn.Conv2d(3, channels, 3, padding=1)
-        self.c2 = torch.nn.Conv2d(channels, channels, 3, padding=1)
-        self.c3 = torch.nn.Conv2d(channels, channels, 3, padding=1)
-        self.fc = torch.nn.Linear(channels, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.relu(self.c1(x))
-        y = self.c3(F.relu(self.c2(x)))
-        z = F.max_pool2d(F.relu(y + x), 2)
-        return self.fc(torch.flatten(F.adaptive_avg_pool2d(z, 1), 1))
-
-
-def _conv_bn(
-    cin: int, cout: int, k: int = 1, stride: int = 1, groups: int = 1, act: bool = True
-) -> torch.nn.Sequential:
-    layers: list[torch.nn.Module] = [
-        torch.nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False),
-        torch.nn.BatchNorm2d(cout),
-    ]
-    if act:
-        layers.append(torch.nn.ReLU6())
-    return torch.nn.Sequential(*layers)
-
-
-class InvertedResidual(torch.nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int, expand: int = 4) -> None:
-        super().__init__()
-        hidden = cin * expand
-        self.residual = stride == 1 and cin == cout
-        self.body = torch.nn.Sequential(
-            _conv_bn(cin, hidden),
-            _conv_bn(hidden, hidden, 3, stride, groups=hidden),
-            _conv_bn(hidden, cout, act=False),
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.body(x)
-        return x + y if self.residual else y
-
-
-class MobileNetLike(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem = _conv_bn(3, 16, 3, 2)
-        self.blocks = torch.nn.Sequential(
-            InvertedResidual(16, 24, 2),
-            InvertedResidual(24, 24, 1),
-            InvertedResidual(24, 32, 2),
-            InvertedResidual(32, 32, 1),
-        )
-        self.head = _conv_bn(32, 128)
-        self.fc = torch.nn.Linear(128, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.head(self.blocks(self.stem(x)))
-        return self.fc(torch.flatten(F.adaptive_avg_pool2d(y, 1), 1))
-
-
-class Block(torch.nn.Module):
-    def __init__(self, d: int = 128, heads: int = 4) -> None:
-        super().__init__()
-        self.heads = heads
-        self.qkv = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(3))
-        self.out = torch.nn.Linear(d, d)
-        self.fc1, self.fc2 = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
-        self.norm1, self.norm2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        h = self.norm1(x)
-        q, k, v = (p(h).reshape(b, t, self.heads, d // self.heads).transpose(1, 2) for p in self.qkv)
-        scores = torch.matmul(q, k.transpose(-1, -2)) * (d // self.heads) ** -0.5
-        attended = torch.matmul(torch.softmax(scores, -1), v).transpose(1, 2).reshape(b, t, d)
-        x = x + self.out(attended)
-        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
-
-
-def bert() -> torch.nn.Module | None:
-    try:
-        import transformers
-    except ImportError:
-        return None
-    config = transformers.BertConfig(
-        vocab_size=1000,
-        hidden_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        intermediate_size=512,
-        max_position_embeddings=128,
-        attn_implementation="eager",
-    )
-
-    class Bert(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.bert = transformers.BertModel(config, add_pooling_layer=False)
-
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            return self.bert(input_ids=ids).last_hidden_state
-
-    return Bert()
-
-
-class Reader(quantization.CalibrationDataReader):
-    def __init__(self, name: str, batches: list[torch.Tensor]) -> None:
-        self.feeds = iter([{name: b.numpy()} for b in batches])
-
-    def get_next(self) -> dict[str, np.ndarray] | None:
-        return next(self.feeds, None)
 
 
 def cpu_flags() -> str:
-    info = Path("/proc/cpuinfo")
-    flags = set(info.read_text().split()) if info.exists() else set()
-    found = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile", "amx_int8") if f in flags]
-    return " ".join(found) or "unknown"
+    return " ".join(cpu_int8_flags()) or "unknown"
 
 
-def sqnr(reference: np.ndarray, got: np.ndarray) -> float:
-    return float(10 * np.log10((reference**2).mean() / max(float(((reference - got) ** 2).mean()), 1e-30)))
+def kernels(path: Path) -> str:
+    int8, floating = products(path)
+    return f"{int8}/{int8 + floating}"
 
 
-def products(path: Path) -> str:
-    ops = int8_kernels(path)
-    int8 = sum(ops.get(op, 0) for op in INT8_PRODUCTS)
-    return f"{int8}/{int8 + sum(ops.get(op, 0) for op in FLOAT_PRODUCTS)}"
+class _ExportClock:
+    """Times the calls of ``torch.onnx.export`` made inside ``to_onnx`` (the exporter's share)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._export = torch.onnx.export
+
+    def __enter__(self) -> _ExportClock:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return self._export(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        torch.onnx.export = timed
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        torch.onnx.export = self._export
+
+
+def quantize_ours(
+    name: str, model: torch.nn.Module, batches: list[torch.Tensor], x: torch.Tensor, dynamic: bool, args: Any, d: Path
+) -> tuple[Path, dict[str, float]]:
+    """quantweave's path, timed per stage."""
+    split: dict[str, float] = {}
+    start = time.perf_counter()
+    exported = torch.export.export(model, (x,)).module()
+    split["torch.export"] = time.perf_counter() - start
+    t = time.perf_counter()
+    quantizer = ORTQuantizer(is_dynamic=dynamic, reduce_range=args.reduce_range, observer=args.observer)
+    prepared = qw.prepare_pt2e(exported, quantizer)
+    split["prepare"] = time.perf_counter() - t
+    t = time.perf_counter()
+    # qw.calibrate: under torch.no_grad, as the README calibrates; dynamic: one pass (weights only are observed)
+    qw.calibrate(prepared, batches[: 1 if dynamic else None], progress=False)
+    split["calibrate"] = time.perf_counter() - t
+    t = time.perf_counter()
+    converted = qw.convert_pt2e(prepared)
+    split["convert"] = time.perf_counter() - t
+    t = time.perf_counter()
+    with _ExportClock() as clock:
+        ours = to_onnx(converted, (x,), d / f"{name}_ours.onnx")
+    split["torch.onnx.export"] = clock.seconds
+    split["to_onnx rest"] = time.perf_counter() - t - clock.seconds
+    split["total"] = time.perf_counter() - start
+    return ours, split
+
+
+def quantize_ort(
+    name: str, model: torch.nn.Module, batches: list[torch.Tensor], x: torch.Tensor, dynamic: bool, args: Any, d: Path
+) -> tuple[Path, Path, dict[str, float]]:
+    """ORT's path (float export, then quant_pre_process + quantize_static, or quantize_dynamic), timed."""
+    split: dict[str, float] = {}
+    start = time.perf_counter()
+    fp32 = to_onnx(model, (x,), d / f"{name}_fp32.onnx")
+    split["torch.onnx.export"] = time.perf_counter() - start
+    t = time.perf_counter()
+    if dynamic:
+        _, theirs = ort_quantize_dynamic(fp32, x, d, reduce_range=args.reduce_range, name=name)
+    else:
+        _, theirs = ort_quantize_static(
+            fp32, batches, x, d, pre_process=True, reduce_range=args.reduce_range, name=name
+        )
+    split["ORT quantize"] = time.perf_counter() - t
+    split["total"] = time.perf_counter() - start
+    return fp32, theirs, split
 
 
 def case(
@@ -199,51 +147,29 @@ def case(
     dynamic: bool,
     args: Any,
     d: Path,
-    reduce_range: bool,
 ) -> None:
     torch.manual_seed(1)
     batches = [make() for _ in range(8)]
     x = make()
     model = model.eval()
     to_onnx(model, (x,), d / f"{name}_warmup.onnx")  # untimed: first-export costs of this model
-    start = time.perf_counter()
-    quantizer = ORTQuantizer(is_dynamic=dynamic, reduce_range=reduce_range, observer=args.observer)
-    prepared = qw.prepare_pt2e(torch.export.export(model, (x,)).module(), quantizer)
-    for b in batches[: 1 if dynamic else None]:
-        prepared(b)  # dynamic: one pass (weights only are observed)
-    ours = to_onnx(qw.convert_pt2e(prepared), (x,), d / f"{name}_ours.onnx")
-    ours_time = time.perf_counter() - start
-
-    start = time.perf_counter()
-    fp32 = to_onnx(model, (x,), d / f"{name}_fp32.onnx")
-    input_name = ort.InferenceSession(str(fp32), providers=["CPUExecutionProvider"]).get_inputs()[0].name
-    theirs = d / f"{name}_ort.onnx"
-    if dynamic:
-        quantization.quantize_dynamic(
-            str(fp32),
-            str(theirs),
-            per_channel=True,
-            reduce_range=reduce_range,
-            weight_type=quantization.QuantType.QInt8,
-        )
-    else:
-        pre = d / f"{name}_pre.onnx"
-        quant_pre_process(str(fp32), str(pre), skip_symbolic_shape=True)
-        quantization.quantize_static(
-            str(pre),
-            str(theirs),
-            Reader(input_name, batches),
-            quant_format=quantization.QuantFormat.QDQ,
-            per_channel=True,
-            reduce_range=reduce_range,
-            activation_type=quantization.QuantType.QUInt8,
-            weight_type=quantization.QuantType.QInt8,
-        )
-    ort_time = time.perf_counter() - start
+    ours_splits: list[dict[str, float]] = []
+    ort_splits: list[dict[str, float]] = []
+    for rep in range(args.quantize_reps):  # interleaved, the order alternating
+        for side in ("ours", "ORT") if rep % 2 == 0 else ("ORT", "ours"):
+            if side == "ours":
+                ours, split = quantize_ours(name, model, batches, x, dynamic, args, d)
+                ours_splits.append(split)
+            else:
+                fp32, theirs, split = quantize_ort(name, model, batches, x, dynamic, args, d)
+                ort_splits.append(split)
+    ours_split = {k: statistics.median(s[k] for s in ours_splits) for k in ours_splits[0]}
+    ort_split = {k: statistics.median(s[k] for s in ort_splits) for k in ort_splits[0]}
+    ours_time, ort_time = ours_split["total"], ort_split["total"]
 
     paths = {"fp32": fp32, "ours": ours, "ORT": theirs}
     sessions = {k: ort_session(p, intra_op_threads=2) for k, p in paths.items()}
-    feed = {input_name: x.numpy()}
+    feed = {sessions["fp32"].get_inputs()[0].name: x.numpy()}
     reference = model(x).detach().numpy()
     outputs = {k: s.run(None, feed)[0] for k, s in sessions.items()}
     for s in sessions.values():
@@ -261,7 +187,7 @@ def case(
     for k, p in paths.items():
         q = "-" if quantize[k] is None else f"{quantize[k]:.2f}"
         s = "-" if k == "fp32" else f"{sqnr(reference, outputs[k]):.2f}"
-        kern = "-" if k == "fp32" else products(p)
+        kern = "-" if k == "fp32" else kernels(p)
         print(f"{label:20} {k:5} {q:>10} {s:>8} {p.stat().st_size / 1024:9.1f} {kern:>9} {median[k]:10.3f}")
     print(
         f"{label:20} ratios: ours/ORT latency {median['ours'] / median['ORT']:.3f}x, fp32/ours "
@@ -269,20 +195,30 @@ def case(
         f"quantize time ours/ORT {ours_time / ort_time:.2f}x; load {os.getloadavg()[0]:.2f}",
         flush=True,
     )
+    ours_text = ", ".join(f"{k} {v:.2f}" for k, v in ours_split.items() if k != "total")
+    ort_text = ", ".join(f"{k} {v:.2f}" for k, v in ort_split.items() if k != "total")
+    exporter = ours_split["torch.onnx.export"]
+    print(
+        f"{label:20} quantize split, s (median of {args.quantize_reps}): ours {ours_text} | ORT {ort_text}; "
+        f"ours without torch.onnx.export / ORT without it: {ours_time - exporter:.2f} / "
+        f"{ort_time - ort_split['torch.onnx.export']:.2f}",
+        flush=True,
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--quantize-reps", type=int, default=1, help="quantize each way this many times, interleaved")
     parser.add_argument("--models", default="cnn,mobilenet,block,bert")
     parser.add_argument("--observer", choices=("histogram", "minmax"), default="histogram")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     flags = cpu_flags()
     # no VNNI: u8 x s8 kernels saturate with full-range weights; ORT's advice is reduce_range (both get it)
-    reduce_range = not any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
+    args.reduce_range = not any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
     print(
-        f"CPU int8 flags: {flags}; reduce_range={reduce_range}; "
+        f"CPU int8 flags: {flags}; reduce_range={args.reduce_range}; "
         f"onnxruntime {ort.__version__}, torch {torch.__version__}"
     )
     print(
@@ -290,31 +226,22 @@ def main() -> None:
         f"load average before {os.getloadavg()[0]:.2f}"
     )
     print(f"{'model':20} {'':5} {'quantize s':>10} {'SQNR dB':>8} {'size KB':>9} {'int8 prod':>9} {'latency ms':>10}")
-    torch.manual_seed(0)
-    wanted = set(args.models.split(","))
+    wanted = args.models.split(",")
+    unknown = [m for m in wanted if m not in BENCH_MODELS]
+    if unknown:
+        parser.error(f"--models: unknown {', '.join(unknown)}; known: {', '.join(BENCH_MODELS)}")
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
-        if "cnn" in wanted:
-            case("cnn", CNN(), lambda: torch.randn(8, 3, 64, 64), False, args, d, reduce_range)
-        if "mobilenet" in wanted:
-            mobile = MobileNetLike()
-            with torch.no_grad():  # non-trivial batch-norm statistics
-                for module in mobile.modules():
-                    if isinstance(module, torch.nn.BatchNorm2d):
-                        module.running_mean.uniform_(-0.5, 0.5)
-                        module.running_var.uniform_(0.5, 2.0)
-            case("mobilenet", mobile, lambda: torch.randn(8, 3, 64, 64), False, args, d, reduce_range)
-        if "block" in wanted:
-            block = Block()
-            for dynamic in (False, True):
-                case("block", block, lambda: torch.randn(8, 64, 128), dynamic, args, d, reduce_range)
-        if "bert" in wanted:
-            model = bert()
-            if model is None:
-                print("bert: skipped (transformers is not installed)")
-            else:
-                for dynamic in (False, True):
-                    case("bert", model, lambda: torch.randint(0, 1000, (8, 64)), dynamic, args, d, reduce_range)
+        for name in wanted:
+            factory, make = BENCH_MODELS[name]
+            torch.manual_seed(0)
+            try:
+                model = factory()
+            except ImportError as error:
+                print(f"{name}: skipped ({error})")
+                continue
+            for dynamic in (False, True) if name in ("block", "bert") else (False,):
+                case(name, model, make, dynamic, args, d)
     print(f"load average after {os.getloadavg()[0]:.2f} (2 cores)")
 
 

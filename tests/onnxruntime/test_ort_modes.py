@@ -10,50 +10,19 @@ import torch.nn.functional as F
 
 import quantweave as qw
 from quantweave_onnxruntime import ORTQuantizer, int8_kernels, ort_session, to_onnx
-from tests.onnxruntime.test_ort_runtime import REDUCE_RANGE, _ort_quantize_static, _output_step, _sqnr
+from quantweave_onnxruntime.testing import REDUCE_RANGE, Block, output_step, products, quantize, run, sqnr
 
 ort = pytest.importorskip("onnxruntime", reason="needs onnx, onnxscript and onnxruntime (tox -e onnxruntime)")
 quantization = pytest.importorskip("onnxruntime.quantization", reason="needs onnxruntime (tox -e onnxruntime)")
+from quantweave_onnxruntime.testing import ort_quantize_dynamic, ort_quantize_static  # noqa: E402
 
 pytestmark = pytest.mark.onnxruntime
 
-#: ORT ops that compute a product on int8 data / in float
-INT8_PRODUCTS = (
-    "QLinearConv",
-    "QGemm",
-    "QLinearMatMul",
-    "MatMulInteger",
-    "DynamicQuantizeMatMul",
-    "MatMulIntegerToFloat",
-)
-FLOAT_PRODUCTS = ("Conv", "FusedConv", "Gemm", "MatMul", "FusedMatMul", "MatMulNBits", "FusedGemm")
+_output_step, _sqnr, _quantize, _run = output_step, sqnr, quantize, run
 
 
-def products(ops):
-    """(int8 products, float products) in ORT's optimized graph."""
-    return sum(ops.get(op, 0) for op in INT8_PRODUCTS), sum(ops.get(op, 0) for op in FLOAT_PRODUCTS)
-
-
-class Block(torch.nn.Module):
-    """A pre-norm transformer encoder block: q / k / v / out projections, two attention
-    matmuls, softmax, a GELU MLP, residual adds."""
-
-    def __init__(self, d: int = 32, heads: int = 2) -> None:
-        super().__init__()
-        self.heads = heads
-        self.qkv = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(3))
-        self.out = torch.nn.Linear(d, d)
-        self.fc1, self.fc2 = torch.nn.Linear(d, 2 * d), torch.nn.Linear(2 * d, d)
-        self.norm1, self.norm2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        h = self.norm1(x)
-        q, k, v = (p(h).reshape(b, t, self.heads, d // self.heads).transpose(1, 2) for p in self.qkv)
-        scores = torch.matmul(q, k.transpose(-1, -2)) * (d // self.heads) ** -0.5
-        attended = torch.matmul(torch.softmax(scores, -1), v).transpose(1, 2).reshape(b, t, d)
-        x = x + self.out(attended)
-        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+def _ort_quantize_static(model, batches, x, tmp_path):
+    return ort_quantize_static(model, batches, x, tmp_path)
 
 
 def _block():
@@ -61,32 +30,8 @@ def _block():
     return Block().eval(), [torch.randn(2, 16, 32) for _ in range(4)], torch.randn(2, 16, 32)
 
 
-def _quantize(model, batches, x, quantizer, path, qat=False, dynamic_shapes=None):
-    exported = torch.export.export(model, (x,), dynamic_shapes=dynamic_shapes).module()
-    prepared = (qw.prepare_qat_pt2e if qat else qw.prepare_pt2e)(exported, quantizer)
-    for batch in batches:
-        prepared(batch)
-    converted = qw.convert_pt2e(prepared)
-    return converted, to_onnx(converted, (x,), path, dynamic_shapes=dynamic_shapes)
-
-
-def _run(path, *inputs):
-    session = ort_session(path, intra_op_threads=1)
-    feeds = {i.name: t.numpy() for i, t in zip(session.get_inputs(), inputs, strict=True)}
-    return session.run(None, feeds)
-
-
 def _ort_quantize_dynamic(model, x, tmp_path):
-    float_path = to_onnx(model, (x,), tmp_path / "float.onnx")
-    out = tmp_path / "ort_dynamic.onnx"
-    quantization.quantize_dynamic(
-        str(float_path),
-        str(out),
-        per_channel=True,
-        reduce_range=REDUCE_RANGE,
-        weight_type=quantization.QuantType.QInt8,
-    )
-    return out
+    return ort_quantize_dynamic(model, x, tmp_path)[1]
 
 
 def test_dynamic_block_runs_every_product_as_an_integer_kernel_like_quantize_dynamic(tmp_path):
@@ -209,7 +154,7 @@ def test_qat_trains_converts_and_runs_its_convs_as_int8_kernels(tmp_path):
 
 def test_dynamic_composed_with_the_embedding_plugin_through_export(tmp_path):
     from quantweave_embedding import EmbeddingQuantizer
-    from tests.onnxruntime.test_ort_runtime import TokenMLP
+    from quantweave_onnxruntime.testing import TokenMLP
 
     torch.manual_seed(0)
     model, tokens = TokenMLP().eval(), torch.randint(0, 100, (4, 16))
@@ -237,27 +182,11 @@ def test_dynamic_composed_with_the_embedding_plugin_through_export(tmp_path):
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 def test_bert_from_a_config_every_linear_and_attention_matmul_int8(tmp_path, dynamic):
-    transformers = pytest.importorskip("transformers", reason="needs transformers (tox -e onnxruntime)")
-    config = transformers.BertConfig(
-        vocab_size=100,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=32,
-        attn_implementation="eager",  # explicit matmuls (SDPA is one op, left float)
-    )
+    pytest.importorskip("transformers", reason="needs transformers (tox -e onnxruntime)")
+    from quantweave_onnxruntime.testing import bert
+
     torch.manual_seed(0)
-
-    class Bert(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.bert = transformers.BertModel(config, add_pooling_layer=False)
-
-        def forward(self, ids):
-            return self.bert(input_ids=ids).last_hidden_state
-
-    model, ids = Bert().eval(), torch.randint(0, 100, (2, 16))
+    model, ids = bert().eval(), torch.randint(0, 100, (2, 16))
     batches = [torch.randint(0, 100, (2, 16)) for _ in range(4)]
     quantizer = ORTQuantizer(is_dynamic=dynamic, reduce_range=REDUCE_RANGE)
     converted, path = _quantize(model, batches, ids, quantizer, tmp_path / "bert.onnx")
@@ -276,35 +205,14 @@ def test_symmetric_int8_activations_form_what_ort_forms_for_its_own_symmetric_mo
     from tests.onnxruntime.test_ort_runtime import _cnn
 
     model, batches, x = _cnn()
-    quantizer = ORTQuantizer(
-        activation_dtype="int8", symmetric_activations=True, reduce_range=REDUCE_RANGE, observer="minmax"
-    )
+    # the default observer: MinMax with symmetric activations (torch's histogram search is affine)
+    quantizer = ORTQuantizer(activation_dtype="int8", symmetric_activations=True, reduce_range=REDUCE_RANGE)
+    assert quantizer.observer == "minmax"
     converted, path = _quantize(model, batches, x, quantizer, tmp_path / "sym.onnx")
-    float_path = to_onnx(model, (x,), tmp_path / "float.onnx")
-    name = ort.InferenceSession(str(float_path), providers=["CPUExecutionProvider"]).get_inputs()[0].name
-    theirs = tmp_path / "ort_sym.onnx"
-    quantization.quantize_static(
-        str(float_path),
-        str(theirs),
-        _Feeds(name, batches),
-        quant_format=quantization.QuantFormat.QDQ,
-        per_channel=True,
-        reduce_range=REDUCE_RANGE,
-        activation_type=quantization.QuantType.QInt8,
-        weight_type=quantization.QuantType.QInt8,
-        extra_options={"ActivationSymmetric": True},
-    )
+    _, theirs = ort_quantize_static(model, batches, x, tmp_path, activation_type="int8", symmetric_activations=True)
     ours_ops, their_ops = int8_kernels(path), int8_kernels(theirs)
     assert products(ours_ops) == products(their_ops), (ours_ops, their_ops)
     reference = model(x).detach().numpy()
     (got,) = _run(path, x)
     assert _sqnr(reference, got) >= _sqnr(reference, _run(theirs, x)[0]) - 0.3
     assert _sqnr(converted(x).detach().numpy(), got) > 30
-
-
-class _Feeds(quantization.CalibrationDataReader):
-    def __init__(self, name, batches):
-        self.feeds = iter([{name: b.numpy()} for b in batches])
-
-    def get_next(self):
-        return next(self.feeds, None)

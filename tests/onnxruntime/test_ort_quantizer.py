@@ -13,29 +13,13 @@ from quantweave.registry import PluginManager
 from quantweave.testing.conformance import assert_conforms, capability_cases, check_capability
 from quantweave_onnxruntime import ORTQuantizer, declared_capabilities
 from quantweave_onnxruntime import plugin as ort_plugin
+from quantweave_onnxruntime.testing import CNN
 
 KEY = qw.ANNOTATION_KEY
 (INFO,) = ort_plugin.quantweave_quantizers()
 #: the patterns the plugin contributes (split, resize), which the conformance kit probes too
 PATTERNS = {spec.name: spec for spec in ort_plugin.quantweave_patterns()}
 aten = torch.ops.aten
-
-
-class CNN(torch.nn.Module):
-    """3 convs, a residual add, pooling, a linear (the issue's reference model, small)."""
-
-    def __init__(self, channels: int = 8, classes: int = 10) -> None:
-        super().__init__()
-        self.c1 = torch.nn.Conv2d(3, channels, 3, padding=1)
-        self.c2 = torch.nn.Conv2d(channels, channels, 3, padding=1)
-        self.c3 = torch.nn.Conv2d(channels, channels, 3, padding=1)
-        self.fc = torch.nn.Linear(channels, classes)
-
-    def forward(self, x):
-        x = F.relu(self.c1(x))
-        y = self.c3(F.relu(self.c2(x)))
-        z = F.max_pool2d(F.relu(y + x), 2)
-        return self.fc(torch.flatten(F.adaptive_avg_pool2d(z, 1), 1))
 
 
 def annotate(model, *args, quantizer=None):
@@ -78,8 +62,9 @@ def test_options_are_declared_and_delivered(options):
     assert ORTQuantizer(**options).quantization_capabilities() == info.capabilities
 
 
-def test_weighted_ops_quantize_their_output_and_fold_relu_into_it():
-    by_op, _ = annotate(CNN(), torch.randn(1, 3, 16, 16))
+@pytest.mark.parametrize("int32_bias", [True, False], ids=["int32-bias", "float-bias"])
+def test_weighted_ops_quantize_their_output_and_fold_relu_into_it(int32_bias):
+    by_op, _ = annotate(CNN(), torch.randn(1, 3, 16, 16), quantizer=ORTQuantizer(int32_bias=int32_bias))
     conv1, conv2, conv3 = by_op[aten.conv2d.default]
     relu1, relu2, _ = by_op[aten.relu.default]
     # conv + relu: the relu's output is quantized, the conv's is not (one DQ -> Conv -> Relu -> Q unit)
@@ -88,11 +73,54 @@ def test_weighted_ops_quantize_their_output_and_fold_relu_into_it():
         assert annotation.output_qspec is None and relu.meta[KEY].output_qspec is not None
         weight = annotation.input_qspec_map[conv.args[1]]
         assert (weight.dtype, weight.qscheme, weight.ch_axis) == (torch.int8, torch.per_channel_symmetric, 0)
-        assert conv.args[2] not in annotation.input_qspec_map  # bias stays float
+        if not int32_bias:
+            assert conv.args[2] not in annotation.input_qspec_map  # bias stays float
+            continue
+        # int32 bias as ORT's quantize_static writes it: scale = input scale x weight scale, zero point 0
+        bias = annotation.input_qspec_map[conv.args[2]]
+        assert isinstance(bias, qw.DerivedQuantizationSpec)
+        assert (bias.dtype, bias.qscheme, bias.ch_axis) == (torch.int32, torch.per_channel_symmetric, 0)
+        assert bias.derived_from == [(conv.args[0], conv), (conv.args[1], conv)]
     # conv alone: its own output
     assert conv3.meta[KEY].output_qspec.dtype == torch.uint8
     (linear,) = by_op[aten.linear.default]
     assert linear.meta[KEY].output_qspec.dtype == torch.uint8
+    assert (linear.args[2] in linear.meta[KEY].input_qspec_map) is int32_bias  # 2-D input: ONNX Gemm
+
+
+def test_int32_bias_scale_is_input_scale_times_weight_scale_after_convert():
+    torch.manual_seed(0)
+    model, x = CNN().eval(), torch.randn(2, 3, 16, 16)
+    prepared = qw.prepare_pt2e(torch.export.export(model, (x,)).module(), ORTQuantizer(observer="minmax"))
+    prepared(x)
+    converted = qw.convert_pt2e(prepared)
+    dequant = [n for n in converted.graph.nodes if "dequantize_per_channel" in str(n.target)]
+    int32 = [n for n in dequant if n.args[-1] == torch.int32]
+    assert len(int32) == 4  # three conv biases and the linear's
+    for node in int32:
+        user = next(iter(node.users))
+        x_dq, w_dq = user.args[0], user.args[1]
+        x_scale = float(x_dq.args[1])
+        w_scale = getattr(converted, w_dq.args[1].target)
+        b_scale = getattr(converted, node.args[1].target)
+        torch.testing.assert_close(b_scale, (x_scale * w_scale).float())
+        assert not getattr(converted, node.args[2].target).any()  # zero points 0
+
+
+def test_a_3d_linear_and_a_grouped_transposed_conv_keep_a_float_bias_as_ort_does():
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = torch.nn.ConvTranspose2d(4, 4, 2, groups=2)
+            self.fc = torch.nn.Linear(5, 5)
+
+        def forward(self, x):
+            return self.fc(self.up(x).flatten(2)[..., :5])
+
+    by_op, _ = annotate(Model(), torch.randn(1, 4, 4, 4))
+    (up,) = by_op[aten.conv_transpose2d.input]
+    (fc,) = by_op[aten.linear.default]
+    assert up.args[2] not in up.meta[KEY].input_qspec_map and fc.args[2] not in fc.meta[KEY].input_qspec_map
 
 
 def test_residual_add_has_its_own_output_and_pooling_shares_or_not_as_ort_does():
@@ -204,7 +232,8 @@ def test_a_conv_with_string_padding_is_quantized_like_any_conv():
     by_op, _ = annotate(Same(), torch.randn(1, 3, 8, 8))
     (conv,) = by_op[aten.conv2d.padding]
     (relu,) = by_op[aten.relu.default]
-    assert len(conv.meta[KEY].input_qspec_map) == 2 and relu.meta[KEY].output_qspec is not None
+    # input, weight and the int32 bias, as for any conv
+    assert len(conv.meta[KEY].input_qspec_map) == 3 and relu.meta[KEY].output_qspec is not None
 
 
 def test_dynamic_mode_quantizes_linear_and_matmul_inputs_at_run_time_and_leaves_outputs_float():
@@ -302,3 +331,73 @@ def test_symmetric_int8_activations_quantize_each_output_and_fold_no_relu():
     assert aten.relu.default not in by_op
     with pytest.raises(ValueError, match="symmetric_activations"):
         ORTQuantizer(symmetric_activations=True)  # uint8 activations
+
+
+# -- per-module configs ------------------------------------------------------------------------------
+
+
+def test_a_module_configured_none_stays_float_and_the_report_names_the_module():
+    from quantweave_onnxruntime import ORTConfig  # noqa: F401  (exported)
+
+    by_op, gm = annotate(CNN(), torch.randn(1, 3, 16, 16), quantizer=ORTQuantizer().set_module_name("fc", None))
+    (linear,) = [n for n in gm.graph.nodes if n.target == aten.linear.default]
+    assert not linear.meta[KEY].input_qspec_map and linear.meta[KEY].output_qspec is None
+    assert "'fc'" in linear.meta[qw.plugin_api.SKIP_REASON_KEY]
+    assert len(by_op[aten.conv2d.default]) == 3  # the rest is quantized as before
+    assert by_op[aten.conv2d.default][0].meta[KEY].input_qspec_map
+
+
+def test_module_type_and_operator_type_configs_choose_the_recipe_per_op():
+    from quantweave_onnxruntime import ORTConfig
+
+    int8 = ORTConfig(activation_dtype="int8", per_channel=False)
+    quantizer = ORTQuantizer().set_module_type(torch.nn.Conv2d, int8).set_operator_type(aten.linear.default, None)
+    by_op, gm = annotate(CNN(), torch.randn(1, 3, 16, 16), quantizer=quantizer)
+    conv1 = by_op[aten.conv2d.default][0]
+    x, weight = conv1.args[0], conv1.args[1]
+    assert conv1.meta[KEY].input_qspec_map[x].dtype == torch.int8
+    assert conv1.meta[KEY].input_qspec_map[weight].qscheme == torch.per_tensor_symmetric
+    # the conv decides its unit: the functional relu after it (outside the Conv2d) is folded in
+    relu1 = by_op[aten.relu.default][0]
+    assert conv1.meta[KEY].output_qspec is None and relu1.meta[KEY].output_qspec.dtype == torch.int8
+    (add,) = by_op[aten.add.Tensor]  # outside every Conv2d: the global uint8 config
+    assert next(iter(add.users)).meta[KEY].output_qspec.dtype == torch.uint8
+    (linear,) = [n for n in gm.graph.nodes if n.target == aten.linear.default]
+    assert "operator type" in linear.meta[qw.plugin_api.SKIP_REASON_KEY]
+    assert not linear.meta[KEY].input_qspec_map
+
+
+def test_a_global_config_of_none_leaves_everything_to_other_quantizers():
+    quantizer = ORTQuantizer().set_global(None)
+    assert quantizer.quantization_capabilities() == ()
+    by_op, _ = annotate(CNN(), torch.randn(1, 3, 16, 16), quantizer=quantizer)
+    assert by_op == {}
+
+
+def test_bad_configs_name_the_setter_and_what_was_got():
+    from quantweave_onnxruntime import ORTConfig
+
+    with pytest.raises(TypeError, match=r"set_module_name.*ORTConfig.*dict"):
+        ORTQuantizer().set_module_name("fc", {"activation_dtype": "int8"})
+    with pytest.raises(ValueError, match=r"set_operator_type.*aten\.embedding"):
+        ORTQuantizer().set_operator_type(aten.embedding.default, ORTConfig())
+    with pytest.raises(TypeError, match="set_operator_type"):
+        ORTQuantizer().set_operator_type("linear", ORTConfig())
+    with pytest.raises(ValueError, match=r"set_module_type.*activation_dtype='int8'"):
+        ORTQuantizer(is_dynamic=True).set_module_type(torch.nn.Linear, ORTConfig(activation_dtype="int8"))
+    with pytest.raises(ValueError, match="activation_dtype"):
+        ORTConfig(activation_dtype="int4")
+    with pytest.raises(ValueError, match="module_name"):
+        ORTQuantizer().set_module_name("", None)
+
+
+def test_an_unknown_module_name_warns_naming_it():
+    with pytest.warns(UserWarning, match="nowhere"):
+        annotate(CNN(), torch.randn(1, 3, 16, 16), quantizer=ORTQuantizer().set_module_name("nowhere", None))
+
+
+def test_the_symmetric_default_observer_is_minmax_and_histogram_stays_available():
+    assert ORTQuantizer(activation_dtype="int8", symmetric_activations=True).observer == "minmax"
+    assert ORTQuantizer().observer == "histogram"
+    explicit = ORTQuantizer(activation_dtype="int8", symmetric_activations=True, observer="histogram")
+    assert explicit.observer == "histogram"

@@ -2,37 +2,19 @@
 to ONNX QDQ, the int8 kernels ORT forms from it, its outputs against the converted model, and
 its accuracy against ORT's own ``quantize_static`` on the same float model and calibration data."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 
 import quantweave as qw
 from quantweave_onnxruntime import ORTQuantizer, export_onnx, int8_kernels, ort_session
-from tests.onnxruntime.test_ort_quantizer import CNN
+from quantweave_onnxruntime.testing import CNN, MLP, REDUCE_RANGE, TokenMLP, output_step, products, quantize, sqnr
 
 ort = pytest.importorskip("onnxruntime", reason="needs onnx, onnxscript and onnxruntime (tox -e onnxruntime)")
 quantization = pytest.importorskip("onnxruntime.quantization", reason="needs onnxruntime (tox -e onnxruntime)")
+from quantweave_onnxruntime.testing import ort_quantize_static  # noqa: E402  (after the skip: imports onnxruntime)
 
 pytestmark = pytest.mark.onnxruntime
-
-# CPUs without VNNI saturate u8 x s8 pair sums with full-range int8 weights: ORT recommends
-# reduce_range (7-bit weights) there; both quantizers get the same setting
-_CPUINFO = Path("/proc/cpuinfo")
-_FLAGS = _CPUINFO.read_text() if _CPUINFO.exists() else ""
-REDUCE_RANGE = not any(flag in _FLAGS for flag in ("avx512_vnni", "avx_vnni", "amx_int8"))
-
-
-class MLP(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = torch.nn.Linear(64, 128)
-        self.fc2 = torch.nn.Linear(128, 128)
-        self.fc3 = torch.nn.Linear(128, 10)
-
-    def forward(self, x):
-        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
 
 
 def _cnn():
@@ -49,11 +31,7 @@ def _mlp():
 
 
 def _ours(model, batches, x, path):
-    prepared = qw.prepare_pt2e(torch.export.export(model, (x,)).module(), ORTQuantizer(reduce_range=REDUCE_RANGE))
-    for batch in batches:
-        prepared(batch)
-    converted = qw.convert_pt2e(prepared)
-    return converted, export_onnx(converted, (x,), path)
+    return quantize(model, batches, x, ORTQuantizer(reduce_range=REDUCE_RANGE), path)
 
 
 def _run(path, x):
@@ -61,39 +39,11 @@ def _run(path, x):
     return session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
 
 
-def _output_step(converted):
-    """The scale of the converted model's last dequantize (its output's quantization step)."""
-    last = next(n for n in reversed(converted.graph.nodes) if "dequantize_per_tensor" in str(n.target))
-    return float(last.args[1])
+_output_step, _sqnr = output_step, sqnr
 
 
-def _sqnr(expected, got):
-    return float(10 * np.log10((expected**2).mean() / max(float(((expected - got) ** 2).mean()), 1e-30)))
-
-
-class _Reader(quantization.CalibrationDataReader):
-    def __init__(self, name, batches):
-        self.feeds = iter([{name: b.numpy()} for b in batches])
-
-    def get_next(self):
-        return next(self.feeds, None)
-
-
-def _ort_quantize_static(model, batches, x, tmp_path, activation_type=None):
-    float_path = export_onnx(model, (x,), tmp_path / "float.onnx")
-    name = ort.InferenceSession(str(float_path), providers=["CPUExecutionProvider"]).get_inputs()[0].name
-    out = tmp_path / "ort_qdq.onnx"
-    quantization.quantize_static(
-        str(float_path),
-        str(out),
-        _Reader(name, batches),
-        quant_format=quantization.QuantFormat.QDQ,
-        per_channel=True,
-        reduce_range=REDUCE_RANGE,
-        activation_type=activation_type or quantization.QuantType.QUInt8,
-        weight_type=quantization.QuantType.QInt8,
-    )
-    return float_path, out
+def _ort_quantize_static(model, batches, x, tmp_path, activation_type="uint8"):
+    return ort_quantize_static(model, batches, x, tmp_path, activation_type=activation_type)
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +114,7 @@ def test_int8_activations_form_the_kernels_ort_forms_for_its_own_qint8_model(tmp
         prepared(batch)
     converted = qw.convert_pt2e(prepared)
     path = export_onnx(converted, (x,), tmp_path / "int8.onnx")
-    _, theirs = _ort_quantize_static(model, batches, x, tmp_path, quantization.QuantType.QInt8)
+    _, theirs = _ort_quantize_static(model, batches, x, tmp_path, "int8")
     ours_ops, their_ops = int8_kernels(path), int8_kernels(theirs)
     for op in ("QLinearConv", "QGemm", "QLinearAdd", "Conv", "Gemm", "Relu"):
         assert ours_ops.get(op) == their_ops.get(op), (op, ours_ops, their_ops)
@@ -186,19 +136,6 @@ def test_a_dynamic_batch_exports_and_runs_at_another_batch_size(tmp_path):
     got = _run(path, other)
     assert got.shape == (3, 10)
     assert _sqnr(converted(other).detach().numpy(), got) > 35
-
-
-class TokenMLP(torch.nn.Module):
-    """Token table -> linear -> relu -> linear on [batch, tokens, features] (3-D linears)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = torch.nn.Embedding(100, 64)
-        self.fc1 = torch.nn.Linear(64, 64)
-        self.fc2 = torch.nn.Linear(64, 100)
-
-    def forward(self, tokens):
-        return self.fc2(torch.relu(self.fc1(self.emb(tokens))))
 
 
 def test_composed_with_the_embedding_plugin_token_tables_export_and_3d_linears_are_int8(tmp_path):
@@ -225,3 +162,48 @@ def test_composed_with_the_embedding_plugin_token_tables_export_and_3d_linears_a
     session = ort_session(path, intra_op_threads=1)
     got = session.run(None, {session.get_inputs()[0].name: tokens.numpy()})[0]
     assert np.abs(got - converted(tokens).detach().numpy()).max() <= 3 * _output_step(converted) + 1e-6
+
+
+def _int32_bias_users(path):
+    """Op type of each consumer of a DequantizeLinear whose input is an int32 initializer, with
+    that DequantizeLinear's zero points."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(path)).graph
+    tensors = {t.name: t for t in graph.initializer}
+    tensors.update({n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant" and n.attribute})
+    found = []
+    for node in graph.node:
+        source = tensors.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
+        if source is None or source.data_type != onnx.TensorProto.INT32:
+            continue
+        users = [u.op_type for u in graph.node if node.output[0] in u.input]
+        zero_point = numpy_helper.to_array(tensors[node.input[2]]) if len(node.input) > 2 else np.zeros(1)
+        found.append((tuple(users), zero_point))
+    return found
+
+
+def test_int32_biases_are_where_quantize_static_writes_them_and_ort_still_fuses(cnn_runs):
+    ours, theirs = _int32_bias_users(cnn_runs["ours"]), _int32_bias_users(cnn_runs["ort"])
+    assert sorted(u for u, _ in ours) == sorted(u for u, _ in theirs) == [("Conv",)] * 3 + [("Gemm",)]
+    assert all(not zero_point.any() for _, zero_point in ours)
+    ops = int8_kernels(cnn_runs["ours"])
+    assert ops.get("QLinearConv") == 3 and ops.get("QGemm") == 1 and "Conv" not in ops and "Gemm" not in ops
+    # the converted model computes with the same int32 bias: ORT's output within one step of it
+    x = cnn_runs["x"]
+    got, expected = _run(cnn_runs["ours"], x), cnn_runs["converted"](x).detach().numpy()
+    assert np.abs(got - expected).max() <= _output_step(cnn_runs["converted"]) + 1e-6
+
+
+def test_a_module_left_float_by_its_config_runs_float_and_the_rest_int8(tmp_path):
+    from quantweave_onnxruntime import ORTConfig
+
+    torch.manual_seed(0)
+    model, x = CNN().eval(), torch.randn(2, 3, 16, 16)
+    quantizer = ORTQuantizer(reduce_range=REDUCE_RANGE).set_module_name("fc", None)
+    quantizer.set_module_name("c3", ORTConfig(per_channel=False, reduce_range=REDUCE_RANGE))
+    converted, path = quantize(model, [torch.randn(2, 3, 16, 16) for _ in range(2)], x, quantizer, tmp_path / "m.onnx")
+    ops = int8_kernels(path)
+    assert ops.get("QLinearConv") == 3 and "QGemm" not in ops and products(ops) == (3, 1), ops  # fc: a float gemm
+    assert sqnr(converted(x).detach().numpy(), _run(path, x)) > 35

@@ -13,6 +13,7 @@ from quantweave.authoring import lazy_exports
 __version__ = "0.1.0"
 
 __all__ = [
+    "ORTConfig",
     "ORTQuantizer",
     "declared_capabilities",
     "export_onnx",
@@ -24,6 +25,7 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
+        "ORTConfig": "_config",
         "ORTQuantizer": "quantizer",
         "declared_capabilities": "_capabilities",
         "export_onnx": "_export",

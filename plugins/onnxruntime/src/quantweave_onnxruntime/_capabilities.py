@@ -6,6 +6,7 @@ from quantweave.plugin_api import FLOAT, Capability, Mode, Quant, TensorQuant
 
 __all__ = [
     "AVERAGING",
+    "BIAS_RANGE",
     "FUSED_ACTIVATION",
     "OWN_OUTPUT",
     "SHARED_OUTPUT",
@@ -17,6 +18,7 @@ __all__ = [
     "UNARY_OWN",
     "WEIGHTED",
     "activation_quant",
+    "bias_quant",
     "declared_capabilities",
     "weight_quant",
     "weight_range",
@@ -83,6 +85,18 @@ def weight_range(reduce_range: bool = False) -> tuple[int, int]:
     return (-64, 64) if reduce_range else (-127, 127)
 
 
+#: int32 bias (ORT's quantize_static: scale = input scale x weight scale, zero point 0)
+BIAS_RANGE = (-(2**31), 2**31 - 1)
+
+
+def bias_quant(per_channel: bool = True) -> TensorQuant:
+    """int32 symmetric, per output channel when the weights are (axis 0 of the bias)."""
+    lo, hi = BIAS_RANGE
+    if not per_channel:
+        return TensorQuant("int32", lo, hi, "per_tensor", symmetric=True)
+    return TensorQuant("int32", lo, hi, "per_channel", symmetric=True, ch_axis=0)
+
+
 def weight_quant(pattern: str, per_channel: bool = True, reduce_range: bool = False) -> TensorQuant:
     """int8 symmetric; per output channel: axis 0, axis 1 for a transposed conv."""
     lo, hi = weight_range(reduce_range)
@@ -99,11 +113,15 @@ def declared_capabilities(
     is_dynamic: bool = False,
     is_qat: bool = False,
     symmetric_activations: bool = False,
+    int32_bias: bool = True,
 ) -> tuple[Capability, ...]:
     """What an ``ORTQuantizer`` with these options annotates (conformance-tested).
 
     Static: conv / transposed conv / linear quantize their input, their weight and their
-    output (float bias), so ONNX Runtime finds DQ -> op -> Q node units; an activation after
+    output, so ONNX Runtime finds DQ -> op -> Q node units; their bias is int32 (scale input
+    scale x weight scale, zero point 0, as ``quantize_static`` writes it; ``int32_bias=False``,
+    QAT and dynamic: float; a linear on input of more than 2 dimensions, exported as MatMul +
+    Add, keeps it float as ORT does); an activation after
     them is folded into the output's range (no Q / DQ between them). add / mul / matmul
     quantize both inputs and their own output, sigmoid / softmax their input and their own
     output; cat, split, resize, max pooling and the shape ops share their input's qparams;
@@ -125,6 +143,8 @@ def declared_capabilities(
     if symmetric_activations:
         patterns = tuple(p for p in patterns if p not in FUSED_ACTIVATION or p == "conv2d_bn")
 
+    int32 = int32_bias and not is_dynamic and not is_qat
+
     def capability(pattern: str) -> Capability:
         weighted = pattern in WEIGHTED + QAT_BN_PATTERNS
         if is_dynamic or pattern in SHARED_MULTI:  # split: its consumers quantize each output
@@ -141,7 +161,9 @@ def declared_capabilities(
             weight_quant(pattern, per_channel, reduce_range) if weighted else None,
             quantizer="onnxruntime",
             output=output,
-            bias=FLOAT if weighted else None,
+            bias=(Quant.quantized(bias_quant(per_channel)) if int32 and pattern in WEIGHTED else FLOAT)
+            if weighted
+            else None,
             fused=True if pattern in FUSED_ACTIVATION and not is_dynamic else None,
             input_from="any" if shares_input else None,
         )
