@@ -24,9 +24,11 @@ __all__ = ["BLOCK_ELEMENTS", "quantize_constant"]
 BLOCK_ELEMENTS = 1 << 20
 
 
-def quantize_constant(q_op: Any, value: Any, args: tuple[Any, ...], block_elements: int = BLOCK_ELEMENTS) -> Any:
+def quantize_constant(q_op: Any, value: Any, args: tuple[Any, ...], block_elements: int | None = None) -> Any:
     """``q_op(value, *args)`` (a quantize op convert emits, its qparams evaluated), computed
-    in blocks of rows of at most ``block_elements`` elements when ``value`` is larger."""
+    in blocks of rows of at most ``block_elements`` (default :data:`BLOCK_ELEMENTS`)
+    elements when ``value`` is larger."""
+    block_elements = BLOCK_ELEMENTS if block_elements is None else block_elements
     if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.numel() <= block_elements:
         return q_op(value, *args)
     rows = value.shape[0]
