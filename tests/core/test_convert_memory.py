@@ -14,9 +14,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import quantweave as qw
-from quantweave.authoring import annotate_input_qspec_map, dequantize_ops
 from quantweave._modules import chunked_quantize
 from quantweave._modules.chunked_quantize import quantize_constant
+from quantweave.authoring import annotate_input_qspec_map, dequantize_ops
 from quantweave.observers import PerChannelMinMaxObserver, PerGroupMinMaxObserver
 from quantweave.plugin_api import mark_annotated
 from tests.helpers import export

@@ -2,6 +2,8 @@
 each weight record is written from the tensor's own storage, never from a ``bytes`` copy,
 and the archive is byte-for-byte the one ``torch.export.save`` writes."""
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
@@ -22,7 +24,7 @@ class Net(nn.Module):
 class SpyWriter:
     """Wraps torch's zip writer, recording (record name, type of the data given, size)."""
 
-    records: list = []
+    records: ClassVar[list] = []
 
     def __init__(self, *args):
         self._writer = REAL_WRITER(*args)
@@ -52,7 +54,6 @@ def test_save_writes_each_weight_from_its_storage_one_record_at_a_time(tmp_path,
     path = qw.save(program, (tokens,), tmp_path / "m.pt2")
     monkeypatch.undo()
     weights = [p.untyped_storage().nbytes() for p in model.parameters()]
-    streamed = [(name, size) for name, kind, size in SpyWriter.records if kind is torch.UntypedStorage]
     copied = [(name, size) for name, kind, size in SpyWriter.records if kind is bytes]
     weight_records = [r for r in SpyWriter.records if r[0].startswith("data/weights/") and "." not in r[0]]
     assert sorted(size for _, _, size in weight_records) == sorted(weights)  # one record per weight

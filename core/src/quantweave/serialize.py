@@ -87,9 +87,9 @@ def save(
     target = Path(path)
     meta = json.dumps({"quantweave": __version__, "format": "torch.export"})
     try:
-        with atomic_target(target) as temporary:  # the target is replaced only by a complete file
-            with streamed_weights():  # each weight written from its storage, never copied
-                torch.export.save(program, temporary, extra_files={META: meta})
+        # the target is replaced only by a complete file; each weight is written from its storage
+        with atomic_target(target) as temporary, streamed_weights():
+            torch.export.save(program, temporary, extra_files={META: meta})
     except OSError as exc:
         exc.add_note(f"quantweave.save: writing {str(target)!r} failed; the file (if any) is as it was")
         raise

@@ -63,8 +63,10 @@ def streamed_weights() -> Iterator[bool]:
 
         def raw_tensor_bytes(value: torch.Tensor) -> bytes:
             if (
-                type(value) is torch.Tensor or isinstance(value, torch.nn.Parameter)
-            ) and value.device.type == "cpu" and value.data_ptr():
+                (type(value) is torch.Tensor or isinstance(value, torch.nn.Parameter))
+                and value.device.type == "cpu"
+                and value.data_ptr()
+            ):
                 payload = _TensorPayload()
                 payload.tensor = value
                 return payload
