@@ -39,14 +39,14 @@ def quantize_constant(q_op: Any, value: Any, args: tuple[Any, ...], block_elemen
     slicer = _qparam_slicer(q_op, value, args)
     if slicer is None:
         return q_op(value, *args)
-    out: torch.Tensor | None = None
+    # the result is allocated before any block's temporaries (its dtype from one row), so
+    # freed temporaries leave no holes below it that the allocator cannot give back
+    probe = q_op(value[0:1], *slicer(0, 1))
+    out = torch.empty(value.shape, dtype=probe.dtype, device=probe.device)
+    del probe
     for start in range(0, rows, step):
         stop = min(rows, start + step)
-        block = q_op(value[start:stop], *slicer(start, stop))
-        if out is None:
-            out = torch.empty(value.shape, dtype=block.dtype, device=block.device)
-        out[start:stop] = block
-        del block
+        out[start:stop] = q_op(value[start:stop], *slicer(start, stop))
     return out
 
 
