@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from .torch_compat import pt2_packager
+
 __all__ = ["streamed_weights"]
 
 _LOCK = threading.RLock()
@@ -35,24 +37,11 @@ class _TensorPayload(bytes):
     tensor: torch.Tensor
 
 
-def _packager() -> Any:
-    try:
-        from torch.export.pt2_archive import _package
-    except ImportError:  # pragma: no cover - another torch
-        return None
-    writer = getattr(_package, "PT2ArchiveWriter", None)
-    if not callable(getattr(_package, "_get_raw_tensor_bytes", None)) or not callable(
-        getattr(writer, "write_bytes", None)
-    ):
-        return None  # pragma: no cover - another torch
-    return _package
-
-
 @contextlib.contextmanager
 def streamed_weights() -> Iterator[bool]:
     """Within the block, ``torch.export.save`` writes CPU weights from their storages;
     yields whether it does (False: torch's internals are not the known ones)."""
-    package = _packager()
+    package = pt2_packager()
     if package is None:  # pragma: no cover - another torch
         yield False
         return
