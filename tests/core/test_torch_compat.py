@@ -365,3 +365,14 @@ def test_fake_value_is_a_fake_tensor_of_the_graphs_fake_mode():
         value.device,
     )
     assert torch_compat.fake_value(torch.fx.symbolic_trace(torch.nn.ReLU()).graph, value) is None
+
+
+def test_pt2_packager_has_what_quantweave_save_streams_through():
+    """quantweave.save streams weights through torch.export.pt2_archive._package's
+    _get_raw_tensor_bytes / PT2ArchiveWriter.write_bytes (_modules/archive_stream): on a
+    torch that renamed them, pt2_packager returns None and save no longer streams."""
+    from quantweave._modules.torch_compat import pt2_packager
+
+    package = pt2_packager()
+    assert package is not None, "torch.export.pt2_archive._package changed: update _modules/torch_compat.pt2_packager"
+    assert package._get_raw_tensor_bytes(torch.arange(4, dtype=torch.int8)) == bytes([0, 1, 2, 3])

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
+from ._modules.chunked_quantize import quantize_constant
 from ._modules.convert_rules import (
     convert_hook,
     fold_constant_quantizes,
@@ -332,7 +333,7 @@ def _replace_observer(
         if fold:
             values = torch.fx.node.map_arg(q_args, lambda n: evaluate_constant(gm, n, constant_values))
             with torch.no_grad():
-                qvalue = q_op(evaluate_constant(gm, source, constant_values), *values)
+                qvalue = quantize_constant(q_op, evaluate_constant(gm, source, constant_values), values)
             q_name = new_attr_name(gm, "_frozen_param")
             gm.register_buffer(q_name, qvalue)
             quant = graph.get_attr(q_name)

@@ -458,12 +458,16 @@ class PerChannelMinMaxObserver(_TorchPerChannelMinMaxObserver):
         min_val, max_val = self.min_val, self.max_val
         axes = list(range(x.dim()))
         axes[self.ch_axis], axes[0] = 0, self.ch_axis
-        y = torch.flatten(x.permute(axes).to(self.min_val.dtype), start_dim=1)
+        # reduced in the input's own dtype, then the (per-channel) results converted: a bf16
+        # weight is never copied whole to float32 (rounding is monotonic, so converting the
+        # minimum gives the minimum of the converted values)
+        y = torch.flatten(x.permute(axes), start_dim=1)
+        low, high = torch.amin(y, dim=1).to(min_val.dtype), torch.amax(y, dim=1).to(max_val.dtype)
         if min_val.numel() == 0 or max_val.numel() == 0:
-            min_val, max_val = torch.amin(y, dim=1), torch.amax(y, dim=1)
+            min_val, max_val = low, high
         else:
-            min_val = torch.min(torch.amin(y, dim=1), min_val)
-            max_val = torch.max(torch.amax(y, dim=1), max_val)
+            min_val = torch.min(low, min_val)
+            max_val = torch.max(high, max_val)
         self.min_val.resize_(min_val.shape)
         self.max_val.resize_(max_val.shape)
         self.min_val.copy_(min_val)

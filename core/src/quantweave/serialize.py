@@ -6,7 +6,8 @@ it. :func:`save` re-exports it (``torch.export.export(converted, example_inputs)
 writes the standard ``.pt2`` archive of ``torch.export.save``; :func:`load` reads it back
 (``torch.export.load(path).module()``). The folded int8 weights stay int8 in the file (a
 converted model's file is about a quarter of the float one's), and the loaded model's
-outputs are bit-identical to the saved model's on the same inputs.
+outputs are bit-identical to the saved model's on the same inputs. Each weight is written
+straight from its tensor's memory, one after another: saving holds no copy of the weights.
 
 The file is an ordinary ``torch.export`` program: ``torch.export.load(path)`` returns the
 ``ExportedProgram`` too (``quantweave.json`` in its extra files records the quantweave
@@ -32,6 +33,7 @@ import torch
 from torch.fx import GraphModule
 
 from ._modules.archive import META, atomic_target, check_loadable
+from ._modules.archive_stream import streamed_weights
 from ._modules.observer_calls import observer_calls
 from .errors import SerializationError
 
@@ -85,7 +87,8 @@ def save(
     target = Path(path)
     meta = json.dumps({"quantweave": __version__, "format": "torch.export"})
     try:
-        with atomic_target(target) as temporary:  # the target is replaced only by a complete file
+        # the target is replaced only by a complete file; each weight is written from its storage
+        with atomic_target(target) as temporary, streamed_weights():
             torch.export.save(program, temporary, extra_files={META: meta})
     except OSError as exc:
         exc.add_note(f"quantweave.save: writing {str(target)!r} failed; the file (if any) is as it was")

@@ -88,8 +88,10 @@ class PerGroupMinMaxObserver(ObserverBase):
             raise ValueError(
                 f"PerGroupMinMaxObserver: rows of {columns} elements do not split into groups of {self.group_size}"
             )
-        groups = x.detach().to(torch.float32).reshape(rows, columns // self.group_size, self.group_size)
-        lo, hi = groups.amin(-1), groups.amax(-1)
+        # reduced in the input's dtype, then converted (a bf16 weight is never copied whole to
+        # float32; rounding is monotonic, so the converted minimum is the minimum converted)
+        groups = x.detach().reshape(rows, columns // self.group_size, self.group_size)
+        lo, hi = groups.amin(-1).to(torch.float32), groups.amax(-1).to(torch.float32)
         if self.min_val.numel() == 0:
             self.min_val = lo
             self.max_val = hi

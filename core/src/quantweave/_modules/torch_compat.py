@@ -31,6 +31,10 @@ the torch API and this module, on a torch that changed it:
 7. :func:`segment_sum` -- ``torch.segment_reduce`` (documented, but marked beta): sums of
    contiguous runs in index order, for re-binning a histogram the way ``bincount`` does
    without its per-element scatter; ``bincount`` when torch no longer has it.
+9. :func:`pt2_packager` -- ``torch.export.pt2_archive._package`` (private): its
+   ``_get_raw_tensor_bytes`` and ``PT2ArchiveWriter.write_bytes``, which
+   ``_modules/archive_stream`` replaces while ``quantweave.save`` runs so that each weight is
+   written from its storage (None on a torch without them: then torch saves as it does).
 """
 
 from __future__ import annotations
@@ -76,6 +80,7 @@ __all__ = [
     "empty_graph_like",
     "fake_value",
     "lazy_graph_module",
+    "pt2_packager",
     "quantized_decomposed_ops",
     "rebin_histogram",
     "segment_sum",
@@ -263,3 +268,19 @@ def segment_sum(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         torch.arange(len(offsets) - 1, device=offsets.device), offsets.diff()
     )  # pragma: no cover - torch without segment_reduce
     return torch.bincount(runs, weights=values, minlength=len(offsets) - 1)  # pragma: no cover
+
+
+def pt2_packager() -> Any:
+    """``torch.export.pt2_archive._package`` when it has the two names
+    ``_modules/archive_stream`` replaces (``_get_raw_tensor_bytes``, a function of a tensor
+    returning its storage's bytes, and ``PT2ArchiveWriter.write_bytes``), else None."""
+    try:
+        from torch.export.pt2_archive import _package
+    except ImportError:  # pragma: no cover - another torch
+        return None
+    writer = getattr(_package, "PT2ArchiveWriter", None)
+    if not callable(getattr(_package, "_get_raw_tensor_bytes", None)) or not callable(
+        getattr(writer, "write_bytes", None)
+    ):
+        return None  # pragma: no cover - another torch
+    return _package

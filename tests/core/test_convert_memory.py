@@ -1,0 +1,205 @@
+"""Memory at size (issue 25), proved at small size by instrumenting, not timing:
+
+- convert quantizes a weight in blocks of rows (``_modules/chunked_quantize``), with results
+  identical to the quantize op on the whole tensor, for every op and layout it slices;
+- converting and calibrating a bf16 model never makes a float32 copy of a whole weight
+  (every op's output is recorded by a dispatch mode), and the converted bf16 model computes
+  what it did before the change;
+- the per-channel observer's min/max of a bf16 weight are those of its float32 copy.
+"""
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import quantweave as qw
+from quantweave._modules import chunked_quantize
+from quantweave._modules.chunked_quantize import quantize_constant
+from quantweave.authoring import annotate_input_qspec_map, dequantize_ops
+from quantweave.observers import PerChannelMinMaxObserver, PerGroupMinMaxObserver
+from quantweave.plugin_api import mark_annotated
+from tests.helpers import export
+
+dequantize_ops()  # registers torch.ops.quantized_decomposed
+qd = torch.ops.quantized_decomposed
+aten = torch.ops.aten
+
+
+class Largest(TorchDispatchMode):
+    """Records the largest float32 tensor any op returns (``float32``) and the largest input
+    a quantize op is given (``quantized``: the op's float32 temporaries are of its size)."""
+
+    def __init__(self):
+        super().__init__()
+        self.float32 = self.quantized = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "quantized_decomposed" and func.__name__.startswith("quantize_"):
+            self.quantized = max(self.quantized, args[0].numel())
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.dtype == torch.float32:
+                self.float32 = max(self.float32, t.numel())
+        return out
+
+
+def _cases(dtype):
+    torch.manual_seed(0)
+    w = (torch.randn(37, 64) * 3).to(dtype)
+    rows = torch.rand(37, dtype=torch.float64) * 0.05 + 0.01
+    cols = torch.rand(64, dtype=torch.float64) * 0.05 + 0.01
+    zp_rows, zp_cols = torch.randint(-3, 3, (37,)), torch.randint(-3, 3, (64,))
+    groups = torch.rand(37, 4, dtype=torch.float32) * 0.1 + 0.01
+    return {
+        "per_tensor": (qd.quantize_per_tensor.default, w, (0.02, 3, -128, 127, torch.int8)),
+        "per_channel_axis0": (
+            qd.quantize_per_channel.default,
+            w,
+            (rows, zp_rows, 0, -128, 127, torch.int8),
+        ),
+        "per_channel_axis1": (
+            qd.quantize_per_channel.default,
+            w,
+            (cols, zp_cols, 1, -127, 127, torch.int8),
+        ),
+        "per_channel_3d": (
+            qd.quantize_per_channel.default,
+            w.reshape(37, 8, 8),
+            (rows, zp_rows, 0, -127, 127, torch.int8),
+        ),
+        "per_group": (
+            qd.quantize_per_channel_group.default,
+            w,
+            (groups, torch.zeros_like(groups), -8, 7, torch.int8, 16),
+        ),
+        "per_group_flat_qparams": (
+            qd.quantize_per_channel_group.default,
+            w,
+            (groups.reshape(-1), torch.zeros(37 * 4), -8, 7, torch.int8, 16),
+        ),
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "case",
+    ["per_tensor", "per_channel_axis0", "per_channel_axis1", "per_channel_3d", "per_group", "per_group_flat_qparams"],
+)
+def test_quantizing_in_blocks_gives_the_ops_result_on_the_whole_tensor(case, dtype, monkeypatch):
+    q_op, value, args = _cases(dtype)[case]
+    with Largest() as blocks:
+        blocked = quantize_constant(q_op, value, args, block_elements=5 * 64)  # blocks of 5 rows of 64
+    with Largest() as at_once:
+        whole = q_op(value, *args)
+    assert blocks.quantized == 5 * 64 and at_once.quantized == value.numel()  # really blocked
+    assert blocked.dtype == whole.dtype and blocked.shape == whole.shape
+    assert torch.equal(blocked, whole)
+
+
+def test_small_tensors_and_unknown_ops_are_quantized_whole():
+    w = torch.randn(4, 8)
+    calls = []
+
+    def op(x, *rest):
+        calls.append(x.shape)
+        return x.round()
+
+    assert torch.equal(quantize_constant(op, w, (), block_elements=64), w.round())  # 32 elements <= 64
+    assert torch.equal(quantize_constant(op, w, (), block_elements=8), w.round())  # not a quantize op: whole
+    assert calls == [(4, 8), (4, 8)]
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(96, 64)
+        self.fc = nn.Linear(64, 128)
+        self.head = nn.Linear(128, 96, bias=False)
+
+    def forward(self, tokens):
+        return self.head(torch.relu(self.fc(self.emb(tokens))))
+
+
+class WeightQuantizer(qw.Quantizer):
+    """Weight-only: per-channel int8 linear weights, 4-bit group-wise embedding table."""
+
+    def annotate(self, model):
+        per_channel = qw.QuantizationSpec(
+            dtype=torch.int8,
+            quant_min=-127,
+            quant_max=127,
+            qscheme=torch.per_channel_symmetric,
+            ch_axis=0,
+            observer_or_fake_quant_ctr=PerChannelMinMaxObserver,
+        )
+        group = qw.QuantizationSpec(
+            dtype=torch.int8,
+            quant_min=-8,
+            quant_max=7,
+            qscheme=torch.per_channel_symmetric,
+            ch_axis=0,
+            group_size=16,
+            observer_or_fake_quant_ctr=PerGroupMinMaxObserver,
+        )
+        for node in model.graph.nodes:
+            if node.op == "call_function" and node.target == aten.linear.default:
+                annotate_input_qspec_map(node, node.args[1], per_channel)
+                mark_annotated(node)
+            elif node.op == "call_function" and node.target == aten.embedding.default:
+                annotate_input_qspec_map(node, node.args[0], group)
+                mark_annotated(node)
+        return model
+
+
+@pytest.fixture(scope="module")
+def bf16_flow():
+    torch.manual_seed(0)
+    model = Net().to(torch.bfloat16).eval()
+    tokens = torch.randint(0, 96, (2, 8))
+    prepared = qw.prepare_pt2e(export(model, tokens), WeightQuantizer())
+    return model, tokens, prepared
+
+
+def test_calibrating_and_converting_a_bf16_model_never_copies_a_whole_weight_to_float32(bf16_flow, monkeypatch):
+    model, tokens, prepared = bf16_flow
+    smallest_weight = min(p.numel() for p in model.parameters() if p.dim() == 2)  # 64 * 128 = 8192
+    with Largest() as calibrating:
+        prepared(tokens)
+    monkeypatch.setattr(chunked_quantize, "BLOCK_ELEMENTS", 16 * 64)  # blocks of 1024 elements at most
+    with Largest() as converting:
+        converted = qw.convert_pt2e(prepared)
+    assert calibrating.float32 < smallest_weight, calibrating.float32  # the observers copied no weight
+    assert converting.float32 < smallest_weight, converting.float32
+    assert 0 < converting.quantized <= 16 * 64, converting.quantized  # each quantize op saw one block at most
+    frozen = [t for name, t in converted.named_buffers() if "frozen" in name]
+    assert len(frozen) == 3 and all(t.dtype == torch.int8 for t in frozen)
+    assert sum(t.numel() for t in frozen) == sum(p.numel() for p in model.parameters() if p.dim() == 2)
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())  # the caller's model is as it was
+
+
+def test_a_bf16_model_converts_to_what_the_whole_tensor_ops_give(bf16_flow, monkeypatch):
+    _, tokens, prepared = bf16_flow
+    monkeypatch.setattr(chunked_quantize, "BLOCK_ELEMENTS", 16 * 64)
+    blocked = qw.convert_pt2e(prepared)
+    monkeypatch.setattr(chunked_quantize, "BLOCK_ELEMENTS", 1 << 40)  # never blocked: the op on each weight
+    whole = qw.convert_pt2e(prepared)
+    ours = {n: t for n, t in blocked.named_buffers() if "frozen" in n}
+    theirs = {n: t for n, t in whole.named_buffers() if "frozen" in n}
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert torch.equal(blocked(tokens), whole(tokens)) and blocked(tokens).dtype == torch.bfloat16
+
+
+def test_per_channel_observer_of_a_bf16_weight_records_its_float32_min_max():
+    torch.manual_seed(0)
+    w = torch.randn(48, 40).to(torch.bfloat16)
+    w[3, 5] = float("nan")
+    for axis in (0, 1):
+        ours, of_float = PerChannelMinMaxObserver(ch_axis=axis), PerChannelMinMaxObserver(ch_axis=axis)
+        ours(w)
+        ours(w * 2)
+        of_float(w.float())
+        of_float((w * 2).float())
+        assert ours.min_val.dtype == torch.float32
+        assert torch.equal(ours.min_val.nan_to_num(7.0), of_float.min_val.nan_to_num(7.0))
+        assert torch.equal(ours.max_val.nan_to_num(7.0), of_float.max_val.nan_to_num(7.0))
