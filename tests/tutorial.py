@@ -13,35 +13,15 @@ from typing import Any
 import torch
 from torch.fx import GraphModule
 
+from quantweave.testing.reference import activation_spec, weight_spec
+
 aten = torch.ops.aten
 
 
 def symmetric_config(api: Any) -> dict[str, Any]:
-    act = api.QuantizationSpec(
-        dtype=torch.int8,
-        quant_min=-128,
-        quant_max=127,
-        qscheme=torch.per_tensor_symmetric,
-        is_dynamic=False,
-        observer_or_fake_quant_ctr=api.HistogramObserver.with_args(eps=2**-12),
-    )
-    weight = api.QuantizationSpec(
-        dtype=torch.int8,
-        quant_min=-127,
-        quant_max=127,
-        qscheme=torch.per_channel_symmetric,
-        ch_axis=0,
-        is_dynamic=False,
-        observer_or_fake_quant_ctr=api.PerChannelMinMaxObserver.with_args(eps=2**-12),
-    )
-    per_tensor_weight = api.QuantizationSpec(
-        dtype=torch.int8,
-        quant_min=-127,
-        quant_max=127,
-        qscheme=torch.per_tensor_symmetric,
-        is_dynamic=False,
-        observer_or_fake_quant_ctr=api.MinMaxObserver.with_args(eps=2**-12),
-    )
+    act = activation_spec(api, api.HistogramObserver.with_args(eps=2**-12), signed=True)
+    weight = weight_spec(api, api.PerChannelMinMaxObserver.with_args(eps=2**-12), narrow=True)
+    per_tensor_weight = weight_spec(api, api.MinMaxObserver.with_args(eps=2**-12), narrow=True, per_channel=False)
     return {"act": act, "weight": weight, "per_tensor_weight": per_tensor_weight}
 
 

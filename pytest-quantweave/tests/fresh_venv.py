@@ -34,14 +34,19 @@ def run(*args: object, cwd: Path | None = None) -> str:
 def main(target: str) -> None:
     env = Path(target)
     shutil.rmtree(env, ignore_errors=True)
-    venv.create(env, with_pip=True)
     python = env / "bin" / "python"
-    run(python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "torch==2.13.0")
-    run(
-        python, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-        ROOT / "core", ROOT / "pytest-quantweave", ROOT / "contrib" / "template",
-    )  # fmt: skip
-    listed = run(python, "-m", "pip", "list", "--format=freeze", "--disable-pip-version-check")
+    uv = shutil.which("uv")  # on PATH in tox-uv's envs: torch hard-linked from uv's cache, not copied
+    if uv:
+        run(uv, "venv", "-q", "--python", sys.executable, env)
+        pip = [uv, "pip", "--quiet"]
+        where = ["--python", python]
+    else:
+        venv.create(env, with_pip=True)
+        pip = [python, "-m", "pip", "--quiet", "--disable-pip-version-check"]
+        where = []
+    run(*pip, "install", *where, "torch==2.13.0")
+    run(*pip, "install", *where, ROOT / "core", ROOT / "pytest-quantweave", ROOT / "contrib" / "template")
+    listed = run(*pip, "list", *where, "--format=freeze")
     names = {line.split("==")[0].lower() for line in listed.splitlines() if "==" in line}
     ours = {n for n in names if "quantweave" in n}
     if ours != EXPECTED:

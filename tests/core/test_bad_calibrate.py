@@ -32,6 +32,7 @@ from quantweave.observers import (
     PerGroupMinMaxObserver,
     is_observer_module,
 )
+from tests.helpers import assert_names
 
 aten = torch.ops.aten
 _INTERNALS = {"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"}
@@ -252,8 +253,9 @@ def test_a_batch_the_program_rejects_changes_no_observer(kind: str, case: str) -
 def test_the_first_batch_rejected_leaves_the_state_as_prepared(kind: str) -> None:
     prepared = prepared_net(kind)
     before = snapshot(prepared)
-    with pytest.raises(CalibrationInputError, match=r"batch 0, input 'x'"):
+    with pytest.raises(CalibrationInputError) as info:
         qw.calibrate(prepared, [(x.double(), y, scale)], progress=False)
+    assert_names(info, "batch 0", "'x'")
     assert_unchanged(prepared, before)
 
 
@@ -306,8 +308,9 @@ def test_non_finite_values_are_refused_naming_observer_node_and_batch(kind: str,
 @pytest.mark.parametrize("kind", ["minmax", "histogram", "qat_fake_quant"])
 def test_skip_policy_skips_the_batch_with_a_warning_and_a_count(kind: str) -> None:
     prepared = prepared_net(kind)
-    with pytest.warns(RuntimeWarning, match=r"skipped batch 1: NaN or infinite values reached observer"):
+    with pytest.warns(RuntimeWarning) as caught:
         result = qw.calibrate(prepared, [good(4), _with(float("nan"), 0), good(5)], progress=False, non_finite="skip")
+    assert_names(caught, "batch 1", "NaN")
     assert result.skipped == (1,) and result.batches == 2
     assert "1 skipped (non-finite values)" in str(result)
     reference = prepared_net(kind)
@@ -317,8 +320,9 @@ def test_skip_policy_skips_the_batch_with_a_warning_and_a_count(kind: str) -> No
 
 def test_an_unknown_non_finite_policy_is_named() -> None:
     prepared = prepared_net("minmax")
-    with pytest.raises(ValueError, match=r"non_finite must be one of \['error', 'skip'\]; got 'ignore'"):
+    with pytest.raises(ValueError) as info:
         qw.calibrate(prepared, [good(4)], non_finite="ignore")
+    assert_names(info, "non_finite", "'error'", "'skip'", "'ignore'")
 
 
 # -- a forward that fails anyway ---------------------------------------------------------------------
@@ -361,16 +365,18 @@ def test_a_forward_failing_midway_restores_every_observer(kind: str) -> None:
 def test_batches_that_are_not_an_iterable_of_batches(batches: Any, named: str) -> None:
     prepared = prepared_net("minmax")
     before = snapshot(prepared)
-    with pytest.raises(TypeError, match="batches must be an iterable of batches") as info:
+    with pytest.raises(TypeError) as info:
         qw.calibrate(prepared, batches)
+    assert_names(info, "batches", "iterable")
     assert named in str(info.value)
     assert_unchanged(prepared, before)
 
 
 def test_a_none_batch_is_named() -> None:
     prepared = prepared_net("histogram")
-    with pytest.raises(TypeError, match=r"batch 1 is None"):
+    with pytest.raises(TypeError) as info:
         qw.calibrate(prepared, [good(4), None], progress=False)
+    assert_names(info, "batch 1", "None")
     reference = prepared_net("histogram")
     qw.calibrate(reference, [good(4)], progress=False)
     assert_unchanged(prepared, snapshot(reference), attributes=False)

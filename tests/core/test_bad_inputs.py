@@ -25,7 +25,7 @@ from torch.fx import GraphModule, Node
 
 import quantweave as qw
 from quantweave.observers import MinMaxObserver
-from tests.helpers import Snapshot
+from tests.helpers import Snapshot, assert_names
 
 aten = torch.ops.aten
 KEY = "quantization_annotation"
@@ -232,8 +232,9 @@ def test_malformed_annotation_raises_naming_the_node(case, annotate, error, mess
 
 def test_spec_on_an_integer_input_raises_naming_the_edge_and_dtype():
     caller = Caller(torch.nn.Embedding(10, 4), torch.randint(0, 10, (2, 3)))
-    with pytest.raises(qw.AnnotationError, match=r"edge 'input\w*' -> 'embedding'.*'corpus'.*torch\.int64") as info:
+    with pytest.raises(qw.AnnotationError) as info:
         qw.prepare_pt2e(caller.gm, FnQuantizer(_spec_on_an_int_input))
+    assert_names(info, "'embedding'", "'corpus'", "torch.int64")
     assert type(info.value) is qw.AnnotationError
     caller.assert_untouched()
 
@@ -251,8 +252,9 @@ def test_spec_on_a_symbolic_size_raises_naming_the_edge():
         size = next(n for n in reshape.all_input_nodes if n.target == aten.sym_size.int)
         qw.annotate_input_qspec_map(reshape, size, ACT)
 
-    with pytest.raises(qw.AnnotationError, match=r"edge 'sym_size_int\w*' -> 'reshape'.*SymInt, not a tensor"):
+    with pytest.raises(qw.AnnotationError) as info:
         qw.prepare_pt2e(caller.gm, FnQuantizer(annotate))
+    assert_names(info, "'reshape'", "SymInt", "not a tensor")
     caller.assert_untouched()
 
 
@@ -323,21 +325,24 @@ def test_a_model_computing_nan_during_calibration_fails_at_convert_naming_the_ob
 
     prepared = qw.prepare_pt2e(caller.gm, FnQuantizer(annotate))
     prepared(*caller.inputs)
-    with pytest.raises(qw.ObserverNotCalibratedError, match=r"\(observes 'log'\) saw only NaN / inf values"):
+    with pytest.raises(qw.ObserverNotCalibratedError) as info:
         qw.convert_pt2e(prepared)
+    assert_names(info, "'log'", "NaN / inf")
     caller.assert_untouched()
 
 
 @pytest.mark.parametrize("scale", [0.0, -1.0, float("inf"), float("nan"), "1"])
 def test_fixed_spec_with_a_bad_scale_is_rejected_on_construction(scale):
-    with pytest.raises(ValueError, match=r"FixedQParamsQuantizationSpec: scale must be a positive number; got"):
+    with pytest.raises(ValueError) as info:
         qw.FixedQParamsQuantizationSpec(dtype=torch.uint8, scale=scale, zero_point=0)
+    assert_names(info, "FixedQParamsQuantizationSpec", "scale", "positive")
 
 
 @pytest.mark.parametrize("zero_point", [-1, 256, 1.5])
 def test_fixed_spec_with_a_bad_zero_point_is_rejected_on_construction(zero_point):
-    with pytest.raises(ValueError, match=r"FixedQParamsQuantizationSpec: zero_point"):
+    with pytest.raises(ValueError) as info:
         qw.FixedQParamsQuantizationSpec(dtype=torch.uint8, scale=0.1, zero_point=zero_point)
+    assert_names(info, "FixedQParamsQuantizationSpec", "zero_point")
 
 
 def test_calibration_skipped_raises_naming_every_observer():
@@ -349,8 +354,9 @@ def test_calibration_skipped_raises_naming_every_observer():
         qw.annotate_output_qspec(linear, ACT)
 
     prepared = qw.prepare_pt2e(caller.gm, FnQuantizer(annotate))
-    with pytest.raises(qw.ObserverNotCalibratedError, match=r"2 observer\(s\).*'x'.*'linear'"):
+    with pytest.raises(qw.ObserverNotCalibratedError) as info:
         qw.convert_pt2e(prepared)
+    assert_names(info, "2 observer(s)", "'x'", "'linear'")
     caller.assert_untouched()
 
 
@@ -390,8 +396,9 @@ def test_transform_returning_something_else_raises_type_error_naming_the_quantiz
             return None
 
     caller = Caller()
-    with pytest.raises(TypeError, match=r"Bad\.transform_for_annotation must return a GraphModule; got NoneType"):
+    with pytest.raises(TypeError) as info:
         qw.prepare_pt2e(caller.gm, Bad())
+    assert_names(info, "Bad.transform_for_annotation", "GraphModule", "NoneType")
     caller.assert_untouched()
 
 
@@ -417,10 +424,9 @@ def test_broken_declarations_do_not_hide_what_was_quantized():
 @pytest.mark.parametrize("quantizer", ["x86", None, torch.nn.Linear(2, 2)], ids=["str", "None", "module"])
 def test_something_that_is_not_a_quantizer_raises_type_error_naming_its_type(quantizer):
     caller = Caller()
-    with pytest.raises(
-        TypeError, match=rf"prepare_pt2e expects a quantweave.Quantizer; got {type(quantizer).__name__}"
-    ):
+    with pytest.raises(TypeError) as info:
         qw.prepare_pt2e(caller.gm, quantizer)
+    assert_names(info, "prepare_pt2e", "quantweave.Quantizer", type(quantizer).__name__)
     caller.assert_untouched()
 
 

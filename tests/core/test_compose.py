@@ -7,7 +7,7 @@ import quantweave as qw
 from quantweave.capabilities import Capability, Mode, TensorQuant
 from quantweave.compose import AnnotationConflictError, ComposableQuantizer
 from quantweave.observers import MinMaxObserver
-from tests.helpers import export
+from tests.helpers import assert_names, export
 
 aten = torch.ops.aten
 KEY = "quantization_annotation"
@@ -124,8 +124,9 @@ def test_a_failing_member_validate_propagates():
         def validate(self, model):
             raise ValueError("strict: relu must not be quantized")
 
-    with pytest.raises(ValueError, match="strict: relu must not be quantized"):
+    with pytest.raises(ValueError) as info:
         qw.prepare_pt2e(gm(), ComposableQuantizer([OpQuantizer("a", aten.relu.default), Strict("s", aten.add.Tensor)]))
+    assert_names(info, "strict", "relu", "must not be quantized")
 
 
 def test_merged_capabilities_show_who_serves_and_who_is_shadowed():
@@ -145,10 +146,12 @@ def test_merged_capabilities_show_who_serves_and_who_is_shadowed():
 
 
 def test_bad_members_are_rejected():
-    with pytest.raises(ValueError, match="needs at least one quantizer"):
+    with pytest.raises(ValueError) as info:
         ComposableQuantizer([])
-    with pytest.raises(TypeError, match=r"member 1 must be a quantweave.Quantizer; got str"):
+    assert_names(info, "needs at least one quantizer")
+    with pytest.raises(TypeError) as info:
         ComposableQuantizer([OpQuantizer("a", aten.relu.default), "x86"])
+    assert_names(info, "member 1", "quantweave.Quantizer", "str")
 
 
 def test_duplicate_labels_are_disambiguated():

@@ -11,7 +11,7 @@ from quantweave.observers import MinMaxObserver, PerChannelMinMaxObserver, Place
 from quantweave.testing.inspect import count_ops, qdq_summary, sqnr
 from quantweave.testing.models import calibration_batches, example_inputs, resnet18_like
 from quantweave.testing.reference import make_reference_quantizer
-from tests.helpers import export
+from tests.helpers import assert_names, export
 
 aten = torch.ops.aten
 qd = torch.ops.quantized_decomposed
@@ -122,13 +122,9 @@ def test_weights_need_no_calibration_and_the_prepared_model_is_not_touched():
 def test_converting_uncalibrated_observers_names_them():
     model = TwoLinear().eval()
     prepared = qw.prepare_pt2e(export(model, torch.randn(2, 16)), LinearQuantizer(act_spec(), weight_spec()))
-    with pytest.raises(
-        qw.ObserverNotCalibratedError,
-        match=r"2 observer\(s\) never saw data: "
-        r"activation_post_process_\d+ \(observes 'x'\); activation_post_process_\d+ "
-        r"\(observes 'relu'\)\. Run calibration",
-    ):
+    with pytest.raises(qw.ObserverNotCalibratedError) as info:
         qw.convert_pt2e(prepared)
+    assert_names(info, "2 observer(s)", "never saw data", "'x'", "'relu'", "calibration")
 
 
 def test_one_dequantize_per_user():
@@ -256,5 +252,6 @@ def test_fold_quantize_must_be_a_bool():
     model, x = TwoLinear().eval(), torch.randn(4, 16)
     prepared = qw.prepare_pt2e(export(model, x), LinearQuantizer(act_spec(), weight_spec()))
     prepared(x)
-    with pytest.raises(TypeError, match="fold_quantize must be a bool; got 'no'"):
+    with pytest.raises(TypeError) as info:
         qw.convert_pt2e(prepared, fold_quantize="no")
+    assert_names(info, "fold_quantize", "bool", "'no'")

@@ -13,7 +13,7 @@ import quantweave as qw
 from quantweave.convert import choose_qparams_ops, dequantize_ops, quantize_ops
 from quantweave.observers import FakeQuantizeBase, MinMaxObserver, PerChannelMinMaxObserver, PlaceholderObserver
 from quantweave.testing.reference import _Annotator, make_reference_quantizer, quantweave_api
-from tests.helpers import export
+from tests.helpers import assert_names, export
 from tests.seed_tutorial import TutorialNet, build, quantweave_names
 
 aten = torch.ops.aten
@@ -437,8 +437,9 @@ def test_conv_with_string_padding_folds_its_batch_norm():
 def test_linear_batch_norm_over_a_3d_output_is_left_with_a_warning():
     model, x = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.BatchNorm1d(5)).eval(), torch.randn(2, 5, 3)
     _randomise_bn(model[1])
-    with pytest.warns(UserWarning, match=r"Not fusing linear\+bn: 'linear'.*'batch_norm'"):
+    with pytest.warns(UserWarning) as caught:
         prepared = qw.prepare_pt2e(export(model, x), OneSpec(aten.linear.default))
+    assert_names(caught, "linear+bn", "'linear'", "'batch_norm'")
     assert calls(prepared, aten.batch_norm.default)
     assert torch.allclose(prepared(x), model(x), atol=1e-5)
 
@@ -517,8 +518,9 @@ class CondLinear(torch.nn.Module):
 
 def test_a_cond_branch_left_float_is_named_in_a_warning():
     exported = torch.export.export(CondLinear().eval(), (torch.randn(2, 5),)).module()
-    with pytest.warns(UserWarning, match=r"subgraph 'true_graph_0' of 'cond'.*stay float"):
+    with pytest.warns(UserWarning) as caught:
         qw.prepare_pt2e(exported, OneSpec(aten.linear.default, input_spec=int8_act()))
+    assert_names(caught, "'true_graph_0'", "'cond'", "float")
 
 
 # -- 3. convert_pt2e(..., use_reference_representation=True)
@@ -594,8 +596,9 @@ def test_reference_representation_of_dynamic_and_plain_qdq():
 def test_use_reference_representation_must_be_a_bool():
     model, x = TwoLinears().eval(), torch.randn(3, 8)
     prepared, _ = run_flow(model, (x,), OneSpec(aten.linear.default, input_spec=int8_act()))
-    with pytest.raises(TypeError, match="use_reference_representation must be a bool; got 'yes'"):
+    with pytest.raises(TypeError) as info:
         qw.convert_pt2e(prepared, use_reference_representation="yes")
+    assert_names(info, "use_reference_representation", "bool", "'yes'")
 
 
 def test_a_folded_weight_keeps_its_get_attr_tag():

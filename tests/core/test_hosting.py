@@ -26,7 +26,7 @@ from quantweave.observers import is_observer_module
 from quantweave.testing import models
 from quantweave.testing.inspect import qdq_summary
 from quantweave.testing.reference import make_reference_quantizer, quantweave_api
-from tests.helpers import export
+from tests.helpers import assert_names, export
 
 aten = torch.ops.aten
 KEY = "quantization_annotation"
@@ -235,8 +235,9 @@ def test_calibrate_counts_foreign_observers():
 def test_an_uncalibrated_foreign_observer_is_named_by_convert():
     model, inputs = MODELS["mlp"]()
     prepared = qw.prepare_pt2e(export(model, *inputs), make_reference_quantizer(FOREIGN))
-    with pytest.raises(qw.ObserverNotCalibratedError, match=r"activation_post_process_\d+ \(observes 'x'\)"):
+    with pytest.raises(qw.ObserverNotCalibratedError) as info:
         qw.convert_pt2e(prepared)
+    assert_names(info, "activation_post_process_", "'x'")
 
 
 def _act(**kwargs):
@@ -323,10 +324,9 @@ def test_a_spec_quantweave_cannot_take_names_the_edge_the_class_and_the_quantize
         spec = QuantizationSpec(dtype=torch.float64, observer_or_fake_quant_ctr=PlaceholderObserver)
         linear.meta[KEY] = QuantizationAnnotation(input_qspec_map={linear.args[0]: spec})
 
-    with pytest.raises(
-        qw.AnnotationError, match=r"edge 'x' -> 'linear'.*'FnQuantizer'.*test_hosting\.QuantizationSpec.*float64"
-    ):
+    with pytest.raises(qw.AnnotationError) as info:
         _prepare_mlp(fn)
+    assert_names(info, "'x'", "'linear'", "'FnQuantizer'", "test_hosting.QuantizationSpec", "float64")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -354,8 +354,9 @@ def test_an_object_that_is_not_a_spec_is_named():
         linear = _linear(gm)
         linear.meta[KEY] = QuantizationAnnotation(output_qspec=object())
 
-    with pytest.raises(qw.AnnotationError, match=r"output of 'linear'.*got object.*'FnQuantizer'"):
+    with pytest.raises(qw.AnnotationError) as info:
         _prepare_mlp(fn)
+    assert_names(info, "output of 'linear'", "object", "'FnQuantizer'")
 
 
 class AffineObserver(nn.Module):
@@ -397,10 +398,9 @@ def _observe_linear_input(ctr):
 
 
 def test_an_observer_convert_would_not_recognise_is_rejected_at_prepare():
-    with pytest.raises(
-        qw.AnnotationError, match=r"edge 'x' -> 'linear'.*'FnQuantizer'.*NoQParams.*no calculate_qparams"
-    ):
+    with pytest.raises(qw.AnnotationError) as info:
         _prepare_mlp(_observe_linear_input(NoQParams))
+    assert_names(info, "'x'", "'linear'", "'FnQuantizer'", "NoQParams", "calculate_qparams")
 
 
 def test_an_observer_that_converts_itself_is_taken_and_its_convert_called():
@@ -425,8 +425,9 @@ def test_an_observer_swapped_in_by_the_callback_is_checked_too():
         linear.meta[KEY] = QuantizationAnnotation(input_qspec_map={linear.args[0]: _act()})
 
     model, inputs = MODELS["mlp"]()
-    with pytest.raises(qw.AnnotationError, match=r"edge 'x' -> 'linear'.*NoQParams"):
+    with pytest.raises(qw.AnnotationError) as info:
         qw.prepare_pt2e(export(model, *inputs), Swap(fn))
+    assert_names(info, "'x'", "'linear'", "NoQParams")
 
 
 # -- lenient input maps
@@ -498,8 +499,9 @@ def test_a_native_spec_for_a_node_that_is_not_an_input_is_named():
         act = qw.QuantizationSpec(dtype=torch.int8, observer_or_fake_quant_ctr=qw.observers.MinMaxObserver)
         second.meta[KEY] = qw.QuantizationAnnotation(input_qspec_map={first.args[0]: act})
 
-    with pytest.raises(qw.AnnotationError, match=r"node 'linear_1': input_qspec_map names 'x'.*'FnQuantizer'"):
+    with pytest.raises(qw.AnnotationError) as info:
         _prepare_mlp(fn)
+    assert_names(info, "'linear_1'", "input_qspec_map", "'x'", "'FnQuantizer'")
 
 
 # -- graph passes keep the metadata vendors read
@@ -633,10 +635,9 @@ def test_a_vendor_leaving_annotated_unset_is_named_with_the_order_that_composes(
     # OpenVINO's quantizer leaves _annotated unset: a later member cannot know the node is taken
     composed = qw.ComposableQuantizer([Named("openvino_like", _claim_relu(False)), Rewrites("replace")])
     model, inputs = MODELS["mlp"]()
-    with pytest.raises(
-        qw.AnnotationConflictError, match=r"left _annotated unset.*put 'rewriter' before 'openvino_like'"
-    ):
+    with pytest.raises(qw.AnnotationConflictError) as info:
         qw.prepare_pt2e(export(model, *inputs), composed)
+    assert_names(info, "_annotated", "'rewriter'", "'openvino_like'")
     reordered = qw.ComposableQuantizer([Named("other", lambda gm: None), Named("openvino_like", _claim_relu(False))])
     prepared = qw.prepare_pt2e(export(model, *inputs), reordered)
     prepared(*inputs)
@@ -663,8 +664,9 @@ def test_a_native_member_after_a_vendor_leaving_annotated_unset_gets_the_order_t
     # classes (not a TypeError about torchao's class) and its change is named as a conflict
     composed = qw.ComposableQuantizer([Named("openvino_like", _claim_relu(False)), NativeRelu()])
     model, inputs = MODELS["mlp"]()
-    with pytest.raises(qw.AnnotationConflictError, match=r"left _annotated unset.*put 'native' before 'openvino_like'"):
+    with pytest.raises(qw.AnnotationConflictError) as info:
         qw.prepare_pt2e(export(model, *inputs), composed)
+    assert_names(info, "_annotated", "'native'", "'openvino_like'")
     prepared = qw.prepare_pt2e(export(model, *inputs), qw.ComposableQuantizer([NativeRelu(), composed.quantizers[0]]))
     assert _relu(prepared).meta[qw.ANNOTATED_BY_KEY] == "native"
 

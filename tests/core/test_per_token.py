@@ -11,6 +11,7 @@ from torch import nn
 import quantweave as qw
 from quantweave.convert import choose_qparams_ops
 from quantweave.observers import MinMaxObserver, PerChannelMinMaxObserver, PlaceholderObserver
+from tests.helpers import assert_names
 
 qw.dequantize_ops()  # registers torch.ops.quantized_decomposed
 qd = torch.ops.quantized_decomposed
@@ -120,7 +121,7 @@ def test_invalid_per_token_specs_say_what_was_expected(overrides, message):
 
 
 def test_per_token_and_group_size_exclude_each_other():
-    with pytest.raises(ValueError, match="group-wise quantization is static"):
+    with pytest.raises(ValueError) as info:
         qw.QuantizationSpec(
             dtype=torch.int8,
             observer_or_fake_quant_ctr=PlaceholderObserver,
@@ -130,6 +131,7 @@ def test_per_token_and_group_size_exclude_each_other():
             per_token=True,
             is_dynamic=True,
         )
+    assert_names(info, "group-wise", "static")
 
 
 # -- prepare and convert ---------------------------------------------------------------------------
@@ -210,8 +212,9 @@ def test_qat_is_refused_naming_the_edge_and_the_quantizer():
     model = nn.Linear(16, 8).train()
     quantizer = DynamicLinearQuantizer(act_spec())
     quantizer.name = "mytok"
-    with pytest.raises(qw.AnnotationError, match=r"edge 'input_1' -> 'linear'.*'mytok'.*post-training only"):
+    with pytest.raises(qw.AnnotationError) as info:
         convert(model, quantizer, torch.randn(2, 16), qat=True)
+    assert_names(info, "'input_1'", "'linear'", "'mytok'", "post-training")
 
 
 def test_a_per_token_and_a_per_tensor_consumer_of_one_tensor_kept_apart_by_opting_out_of_sharing():

@@ -11,6 +11,7 @@ from quantweave import plugin_api
 from quantweave.hookspecs import QuantweaveHookSpecs, hookspec
 from quantweave.plugin_api import Capability, Mode, PatternSpec, QuantizerInfo, TensorQuant, hookimpl
 from quantweave.registry import PluginManager
+from tests.helpers import assert_names
 
 ACT = TensorQuant("int8", -128, 127, "per_tensor", symmetric=True)
 
@@ -171,8 +172,9 @@ def test_a_contributed_pattern_joins_the_vocabulary_with_its_origin():
 def test_a_clash_with_a_core_pattern_is_reported_and_ignored():
     clash = PatternSpec("conv2d", "my conv", ("aten.conv2d.default",))
     pm = PluginManager(entry_points=[])
-    with pytest.warns(qw.PluginWarning, match=r"'vendor'.*pattern 'conv2d' it contributes is a core pattern"):
+    with pytest.warns(qw.PluginWarning) as caught:
         record = pm.register("vendor", VendorPlugin(patterns=[clash], declared=("conv2d",)))
+    assert_names(caught, "'vendor'", "'conv2d'", "core pattern")
     assert record.status == "loaded"
     assert pm.patterns()["conv2d"].origin == "core"
     assert "is a core pattern" in pm.plugins()[0].warnings[0]
@@ -181,24 +183,29 @@ def test_a_clash_with_a_core_pattern_is_reported_and_ignored():
 def test_a_clash_between_two_plugins_names_both_and_keeps_the_first_by_name():
     pm = PluginManager(entry_points=[])
     pm.register("alpha", VendorPlugin())
-    with pytest.warns(qw.PluginWarning, match=r"plugin 'beta'.*'conv3d'.*clashes with plugin 'alpha'"):
+    with pytest.warns(qw.PluginWarning) as caught:
         pm.register("beta", VendorPlugin())
+    assert_names(caught, "'beta'", "'conv3d'", "'alpha'")
     assert pm.patterns()["conv3d"].origin == "alpha"
 
 
 def test_a_capability_for_an_unknown_pattern_fails_the_plugin_naming_the_pattern():
     pm = PluginManager(entry_points=[])
-    with pytest.warns(qw.PluginWarning, match=r"declares capabilities for pattern\(s\) conv3d"):
+    with pytest.warns(qw.PluginWarning) as caught:
         record = pm.register("vendor", VendorPlugin(patterns=[]))
+    assert_names(caught, "capabilities", "conv3d")
     assert record.status == "failed"
     assert pm.quantizer_infos() == {}
 
 
 def test_malformed_pattern_specs_are_rejected_with_what_was_expected():
-    with pytest.raises(ValueError, match=r"ops must be a non-empty sequence of op names like 'aten.conv3d.default'"):
+    with pytest.raises(ValueError) as info:
         PatternSpec("conv3d", "3-D convolution", ("conv3d",))
-    with pytest.raises(ValueError, match=r"name must be lower-case"):
+    assert_names(info, "ops", "non-empty", "'aten.conv3d.default'")
+    with pytest.raises(ValueError) as info:
         PatternSpec("Conv3D", "3-D convolution", ("aten.conv3d.default",))
+    assert_names(info, "name", "lower-case")
     pm = PluginManager(entry_points=[])
-    with pytest.warns(qw.PluginWarning, match=r"quantweave_patterns\(\) must return a list of PatternSpec"):
+    with pytest.warns(qw.PluginWarning) as caught:
         assert pm.register("vendor", VendorPlugin(patterns=["conv3d"])).status == "failed"
+    assert_names(caught, "quantweave_patterns()", "PatternSpec")

@@ -9,7 +9,7 @@ import quantweave as qw
 from quantweave.observers import FakeQuantize, MinMaxObserver, ObserverBase
 from quantweave.testing.models import resnet18_like
 from quantweave.testing.reference import make_reference_quantizer
-from tests.helpers import export
+from tests.helpers import assert_names, export
 
 aten = torch.ops.aten
 KEY = "quantization_annotation"
@@ -186,12 +186,9 @@ def test_dangling_shared_spec_names_both_ends():
         cat.meta[KEY] = qw.QuantizationAnnotation(input_qspec_map={b: qw.SharedQuantizationSpec((a, cat))})
 
     gm = export(TwoReluCat(), torch.randn(2, 3), torch.randn(2, 3))
-    with pytest.raises(
-        qw.SharingError,
-        match=r"edge 'relu_1' -> 'cat': SharedQuantizationSpec refers to "
-        r"edge 'relu' -> 'cat', which has no quantization spec",
-    ):
+    with pytest.raises(qw.SharingError) as info:
         qw.prepare_pt2e(gm, FnQuantizer(fn))
+    assert_names(info, "'relu_1'", "'cat'", "SharedQuantizationSpec", "'relu'", "no quantization spec")
 
 
 def test_cyclic_shared_specs_are_reported_with_their_members():
@@ -201,8 +198,9 @@ def test_cyclic_shared_specs_are_reported_with_their_members():
         r1.meta[KEY] = qw.QuantizationAnnotation(output_qspec=qw.SharedQuantizationSpec(r0))
 
     gm = export(TwoReluCat(), torch.randn(2, 3), torch.randn(2, 3))
-    with pytest.raises(qw.SharingError, match=r"cyclic SharedQuantizationSpec: output of 'relu', output of 'relu_1'"):
+    with pytest.raises(qw.SharingError) as info:
         qw.prepare_pt2e(gm, FnQuantizer(fn))
+    assert_names(info, "cyclic", "SharedQuantizationSpec", "'relu'", "'relu_1'")
 
 
 def test_cyclic_derived_specs_are_reported():
@@ -215,12 +213,9 @@ def test_cyclic_derived_specs_are_reported():
         r1.meta[KEY] = qw.QuantizationAnnotation(output_qspec=derived(r0))
 
     gm = export(TwoReluCat(), torch.randn(2, 3), torch.randn(2, 3))
-    with pytest.raises(
-        qw.SharingError,
-        match=r"cyclic DerivedQuantizationSpec: output of 'relu' -> output of "
-        r"'relu_1' -> output of 'relu'",
-    ):
+    with pytest.raises(qw.SharingError) as info:
         qw.prepare_pt2e(gm, FnQuantizer(fn))
+    assert_names(info, "cyclic", "DerivedQuantizationSpec", "'relu'", "'relu_1'")
 
 
 def test_input_map_naming_a_non_input_is_rejected():
@@ -229,12 +224,9 @@ def test_input_map_naming_a_non_input_is_rejected():
         r1.meta[KEY] = qw.QuantizationAnnotation(input_qspec_map={r0: act()})
 
     gm = export(TwoReluCat(), torch.randn(2, 3), torch.randn(2, 3))
-    with pytest.raises(
-        qw.AnnotationError,
-        match=r"node 'relu_1': input_qspec_map names 'relu', which is not one "
-        r"of its inputs \['y'\]",
-    ):
+    with pytest.raises(qw.AnnotationError) as info:
         qw.prepare_pt2e(gm, FnQuantizer(fn))
+    assert_names(info, "'relu_1'", "input_qspec_map", "'relu'", "['y']")
 
 
 def test_wrong_annotation_and_spec_types_are_rejected():
@@ -245,10 +237,12 @@ def test_wrong_annotation_and_spec_types_are_rejected():
         nodes(gm, aten.relu.default)[0].meta[KEY] = qw.QuantizationAnnotation(output_qspec="uint8")
 
     gm = export(TwoReluCat(), torch.randn(2, 3), torch.randn(2, 3))
-    with pytest.raises(qw.AnnotationError, match=r"node 'relu': .* must be a QuantizationAnnotation; got dict"):
+    with pytest.raises(qw.AnnotationError) as info:
         qw.prepare_pt2e(gm, FnQuantizer(bad_annotation))
-    with pytest.raises(qw.AnnotationError, match=r"output of 'relu': expected a QuantizationSpecBase .*got str"):
+    assert_names(info, "'relu'", "QuantizationAnnotation", "dict")
+    with pytest.raises(qw.AnnotationError) as info:
         qw.prepare_pt2e(gm, FnQuantizer(bad_spec))
+    assert_names(info, "'relu'", "QuantizationSpecBase", "str")
 
 
 def test_observer_that_cannot_be_built_names_the_edge():
@@ -260,8 +254,9 @@ def test_observer_that_cannot_be_built_names_the_edge():
         nodes(gm, aten.relu.default)[0].meta[KEY] = qw.QuantizationAnnotation(output_qspec=spec)
 
     gm = export(TwoReluCat(), torch.randn(2, 3), torch.randn(2, 3))
-    with pytest.raises(qw.AnnotationError, match=r"output of 'relu': could not build an observer for .*: boom"):
+    with pytest.raises(qw.AnnotationError) as info:
         qw.prepare_pt2e(gm, FnQuantizer(fn))
+    assert_names(info, "'relu'", "observer", "boom")
 
 
 def test_errors_leave_the_callers_model_untouched():
@@ -279,8 +274,9 @@ def test_errors_leave_the_callers_model_untouched():
 
 
 def test_prepare_rejects_a_plain_module():
-    with pytest.raises(TypeError, match=r"prepare_pt2e expects a torch.fx.GraphModule .*got TwoReluCat"):
+    with pytest.raises(TypeError) as info:
         qw.prepare_pt2e(TwoReluCat(), FnQuantizer(lambda m: None))
+    assert_names(info, "prepare_pt2e", "GraphModule", "TwoReluCat")
 
 
 @dataclasses.dataclass

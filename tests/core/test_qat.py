@@ -13,6 +13,7 @@ from quantweave.observers import (
     MovingAveragePerChannelMinMaxObserver,
 )
 from quantweave.testing.inspect import sqnr
+from tests.helpers import assert_names
 
 aten = torch.ops.aten
 # averaging constant 1: qparams follow the latest batch, so a few training steps suffice here
@@ -214,10 +215,9 @@ def test_convert_names_the_conv_whose_qat_pattern_was_edited():
     bn.replace_all_uses_with(bn.args[0])
     prepared.graph.erase_node(bn)
     prepared.recompile()
-    with pytest.raises(
-        ConvertError, match=r"QAT conv-batch-norm pattern of 'conv2d' was changed after prepare_qat_pt2e"
-    ):
+    with pytest.raises(ConvertError) as info:
         qw.convert_pt2e(prepared)
+    assert_names(info, "'conv2d'", "conv-batch-norm", "changed", "prepare_qat_pt2e")
 
 
 def test_an_unannotated_conv_bn_is_left_as_exported():
@@ -266,8 +266,9 @@ def test_moving_a_prepared_model_to_eval_and_back():
 
 
 def test_mode_helpers_reject_what_is_not_an_exported_module():
-    with pytest.raises(TypeError, match=r"move_exported_model_to_eval expects a torch.fx.GraphModule.*got Linear"):
+    with pytest.raises(TypeError) as info:
         qw.move_exported_model_to_eval(nn.Linear(2, 2))
+    assert_names(info, "move_exported_model_to_eval", "GraphModule", "Linear")
 
 
 WEIGHT_AXIS1 = qw.QuantizationSpec(

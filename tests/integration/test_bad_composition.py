@@ -10,7 +10,7 @@ import torch
 
 import quantweave as qw
 from quantweave_x86 import X86InductorQuantizer
-from tests.helpers import Snapshot
+from tests.helpers import Snapshot, assert_names
 
 
 def _x86() -> X86InductorQuantizer:
@@ -50,8 +50,9 @@ def test_composable_quantizer_misuse_raises_type_error_saying_what_was_given(cas
 
 
 def test_an_empty_composition_raises_value_error():
-    with pytest.raises(ValueError, match=r"needs at least one quantizer; got an empty sequence"):
+    with pytest.raises(ValueError) as info:
         qw.ComposableQuantizer([])
+    assert_names(info, "needs at least one quantizer", "empty")
 
 
 def test_a_tuple_or_generator_of_quantizers_composes():
@@ -111,10 +112,9 @@ def test_fallback_evaluate_failing_on_a_quantized_trial_names_the_trial(caller):
         calls.append(model)
         return 1.0 if len(calls) == 1 else None
 
-    with pytest.raises(
-        TypeError, match=r"evaluate \(.*evaluate\) must return a number.*the quantized model \(all quantized\)"
-    ):
+    with pytest.raises(TypeError) as info:
         qw.fallback(caller, _x86(), [X], evaluate, max_drop=0.01)
+    assert_names(info, "evaluate", "number", "all quantized")
 
 
 def test_fallback_accepts_numbers_numpy_scalars_and_one_element_tensors(caller):
@@ -144,12 +144,12 @@ def test_fallback_with_something_that_is_not_a_quantizer_raises_naming_it(caller
 
 
 def test_fallback_evaluate_that_is_not_callable_raises(caller):
-    with pytest.raises(TypeError, match=r"fallback: evaluate must be callable \(model -> score\); got float"):
+    with pytest.raises(TypeError) as info:
         qw.fallback(caller, _x86(), [X], 0.9, max_drop=0.01)
+    assert_names(info, "fallback", "evaluate", "callable", "float")
 
 
 def test_leave_float_around_a_class_raises_saying_so():
-    with pytest.raises(
-        TypeError, match=r"LeaveFloat wraps a quantweave.Quantizer instance; got the class X86InductorQuantizer itself"
-    ):
+    with pytest.raises(TypeError) as info:
         qw.LeaveFloat(X86InductorQuantizer, ["linear"])
+    assert_names(info, "LeaveFloat", "quantweave.Quantizer", "X86InductorQuantizer")

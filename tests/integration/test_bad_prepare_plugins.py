@@ -15,14 +15,15 @@ from quantweave.observers import (
     FixedQParamsFakeQuantize,
 )
 from tests.core.test_bad_prepare import Caller, FnQuantizer, Net, _on, linear
-from tests.helpers import Snapshot
+from tests.helpers import Snapshot, assert_names
 
 
 def test_a_symbolically_traced_graph_module_raises_saying_to_export():
     traced = torch.fx.symbolic_trace(Net().eval())
     before = Snapshot.of(traced)
-    with pytest.raises(ValueError, match=r"prepare_pt2e: .*did not come from torch\.export.*symbolic_trace") as info:
+    with pytest.raises(ValueError) as info:
         qw.prepare_pt2e(traced, qw.get_quantizer("x86"))
+    assert_names(info, "prepare_pt2e", "torch.export", "symbolic_trace")
     assert "torch.export.export(model, args).module()" in str(info.value)
     assert before.differences(traced) == []
 
@@ -32,11 +33,9 @@ def test_preparing_a_prepared_model_raises_naming_an_observer():
     prepared = qw.prepare_pt2e(caller.gm, qw.get_quantizer("x86"))
     before = Snapshot.of(prepared)
     for prepare in (qw.prepare_pt2e, qw.prepare_qat_pt2e):
-        with pytest.raises(
-            ValueError,
-            match=r"already prepared: it holds 4 observer\(s\), e.g. 'activation_post_process_\d+' observing 'conv_",
-        ):
+        with pytest.raises(ValueError) as info:
             prepare(prepared, qw.get_quantizer("x86"))
+        assert_names(info, "already prepared", "4 observer(s)", "activation_post_process_", "'conv")
     assert before.differences(prepared) == []
     assert caller.untouched()
 
@@ -46,22 +45,25 @@ def test_a_quantizer_class_instead_of_an_instance_raises_saying_so(api):
     from quantweave_x86 import X86InductorQuantizer
 
     caller = Caller()
-    with pytest.raises(TypeError, match=r"got the class X86InductorQuantizer itself: pass X86InductorQuantizer\(\)"):
+    with pytest.raises(TypeError) as info:
         api(caller.gm, X86InductorQuantizer)
+    assert_names(info, "X86InductorQuantizer", "class", "X86InductorQuantizer()")
     assert caller.untouched()
 
 
 def test_qat_with_a_post_training_quantizer_raises_naming_the_quantizer_and_an_edge():
     caller = Caller(train=True)
-    with pytest.raises(qw.AnnotationError, match=r"prepare_qat_pt2e: quantizer 'x86' builds plain observers.*edge '"):
+    with pytest.raises(qw.AnnotationError) as info:
         qw.prepare_qat_pt2e(caller.gm, qw.get_quantizer("x86"))
+    assert_names(info, "prepare_qat_pt2e", "'x86'", "plain observers", "edge '")
     assert caller.untouched()
 
 
 def test_prepare_pt2e_with_fake_quantizers_warns_naming_the_quantizer():
     caller = Caller()
-    with pytest.warns(qw.MisuseWarning, match=r"prepare_pt2e: quantizer 'x86' builds fake-quantizers.*prepare_qat"):
+    with pytest.warns(qw.MisuseWarning) as caught:
         qw.prepare_pt2e(caller.gm, qw.get_quantizer("x86", is_qat=True))
+    assert_names(caught, "prepare_pt2e", "'x86'", "fake-quantizers", "prepare_qat")
     assert caller.untouched()
 
 

@@ -48,7 +48,12 @@ def install(dist: Path, *stems: str) -> None:
     for stem in stems:
         (wheel,) = dist.glob(f"{stem}-*.whl")
         wheels.append(wheel)
-    run(sys.executable, "-m", "pip", "install", *wheels)
+    # tox-uv's envs have uv on PATH and no pip: the same install, hard-linked from uv's cache
+    uv = shutil.which("uv")
+    run(
+        *([uv, "pip", "install", "--python", sys.executable] if uv else [sys.executable, "-m", "pip", "install"]),
+        *wheels,
+    )
 
 
 def main(workdir: str) -> None:

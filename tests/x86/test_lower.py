@@ -11,7 +11,7 @@ import quantweave as qw
 from quantweave.testing.inspect import sqnr
 from quantweave.testing.models import calibration_batches, encoder_block
 from quantweave_x86 import X86InductorQuantizer, lower
-from tests.helpers import export
+from tests.helpers import assert_names, export
 
 
 @pytest.fixture(scope="module")
@@ -80,10 +80,12 @@ def test_lower_rejects_models_that_are_not_converted():
             return x + 1
 
     gm = export(Tiny(), torch.randn(2))
-    with pytest.raises(ValueError, match=r"lower expects a converted model .* no dequantize node"):
+    with pytest.raises(ValueError) as info:
         lower(gm, (torch.randn(2),))
-    with pytest.raises(TypeError, match=r"lower expects the GraphModule returned by quantweave.convert_pt2e; got Tiny"):
+    assert_names(info, "lower", "converted model", "no dequantize node")
+    with pytest.raises(TypeError) as info:
         lower(Tiny(), (torch.randn(2),))
+    assert_names(info, "lower", "GraphModule", "quantweave.convert_pt2e", "Tiny")
 
 
 def test_int8_mixed_bf16_runs_and_stays_close(encoder_int8):
@@ -95,8 +97,9 @@ def test_int8_mixed_bf16_runs_and_stays_close(encoder_int8):
     out = mixed(x)
     assert torch.equal(x, original)
     assert sqnr(reference, out.float()) > 15
-    with pytest.raises(TypeError, match=r"lower: bf16 must be a bool; got 'yes'"):
+    with pytest.raises(TypeError) as info:
         lower(converted, (x,), bf16="yes")
+    assert_names(info, "lower", "bf16", "bool", "'yes'")
 
 
 def _conv_relu_converted(quantizer):

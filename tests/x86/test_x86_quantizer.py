@@ -13,7 +13,7 @@ from quantweave.testing.inspect import qdq_summary, sqnr
 from quantweave.testing.models import calibration_batches, encoder_block, example_inputs, resnet18_like
 from quantweave_x86 import X86InductorQuantizer, declared_capabilities, get_default_x86_inductor_quantization_config
 from quantweave_x86 import plugin as x86_plugin
-from tests.helpers import export
+from tests.helpers import assert_names, export
 
 aten = torch.ops.aten
 KEY = "quantization_annotation"
@@ -139,33 +139,30 @@ def test_config_precedence_module_name_over_type_over_global_and_none_skips():
 def test_mixing_static_with_dynamic_is_rejected_with_the_setter_named():
     quantizer = X86InductorQuantizer()
     dynamic = get_default_x86_inductor_quantization_config(is_dynamic=True)
-    with pytest.raises(
-        ValueError,
-        match=r"set_module_name_qconfig: mixing static and dynamic configs is not supported; "
-        r"this config has is_dynamic=True, set_global has is_dynamic=False",
-    ):
+    with pytest.raises(ValueError) as info:
         quantizer.set_module_name_qconfig("fc", dynamic)
+    assert_names(info, "set_module_name_qconfig", "static and dynamic", "is_dynamic=True", "is_dynamic=False")
     assert quantizer.set_global(dynamic).global_config is dynamic  # replacing the global is fine
 
 
 def test_mixing_qat_with_post_training_is_rejected_with_the_setter_named():
     quantizer = X86InductorQuantizer(is_qat=True)
-    with pytest.raises(
-        ValueError,
-        match=r"set_module_type_qconfig: mixing QAT and post-training configs is not supported; "
-        r"this config has is_qat=False, set_global has is_qat=True",
-    ):
+    with pytest.raises(ValueError) as info:
         quantizer.set_module_type_qconfig(torch.nn.Linear, get_default_x86_inductor_quantization_config())
+    assert_names(info, "set_module_type_qconfig", "QAT and post-training", "is_qat=False", "is_qat=True")
     assert quantizer.operator_type_qconfig == {}  # the rejected config was not stored
 
 
 def test_bad_options_and_unknown_operators_are_clear_errors():
-    with pytest.raises(TypeError, match=r"X86InductorQuantizer: is_dynamic must be a bool; got 'yes'"):
+    with pytest.raises(TypeError) as info:
         X86InductorQuantizer(is_dynamic="yes")
-    with pytest.raises(ValueError, match=r"set_function_type_qconfig: .*sigmoid.* is not an operator the x86"):
+    assert_names(info, "X86InductorQuantizer", "is_dynamic", "bool", "'yes'")
+    with pytest.raises(ValueError) as info:
         X86InductorQuantizer().set_function_type_qconfig(torch.sigmoid, None)
-    with pytest.raises(TypeError, match=r"set_global: expected a quantweave.QuantizationConfig or None; got dict"):
+    assert_names(info, "set_function_type_qconfig", "sigmoid", "x86")
+    with pytest.raises(TypeError) as info:
         X86InductorQuantizer().set_global({})
+    assert_names(info, "set_global", "quantweave.QuantizationConfig", "dict")
 
 
 def test_matmul_is_opt_in():

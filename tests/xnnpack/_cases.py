@@ -65,15 +65,20 @@ def run_flow(
 
 
 @functools.cache
-def ours(model_name: str, config_name: str) -> tuple[Any, tuple[torch.Tensor, ...]]:
-    """quantweave-xnnpack's converted model (cached: tests only read it) and its inputs."""
+def ours_flow(model_name: str, config_name: str) -> tuple[Any, Any]:
+    """quantweave-xnnpack's (prepared, converted) models of a case, made once per session (cached:
+    the runtime and parity tests only read them)."""
     import quantweave_xnnpack as qx
 
     config = CONFIGS[config_name]
-    model = MODELS[model_name]()
     quantizer = qx.XNNPACKQuantizer().set_global(qx.get_symmetric_quantization_config(**config))
-    _, converted = run_flow(model, config, quantizer)
-    return converted, example_inputs(model, config)
+    return run_flow(MODELS[model_name](), config, quantizer)
+
+
+def ours(model_name: str, config_name: str) -> tuple[Any, tuple[torch.Tensor, ...]]:
+    """quantweave-xnnpack's converted model (cached: tests only read it) and its inputs."""
+    _, converted = ours_flow(model_name, config_name)
+    return converted, example_inputs(MODELS[model_name](), CONFIGS[config_name])
 
 
 def output_step(converted: Any) -> float | None:

@@ -104,17 +104,22 @@ def _lower_4bit(model, config, linear_config=None):
 FOUR_BIT = {"weight_qmin": -8, "weight_qmax": 7}
 
 
-def test_4bit_per_channel_linear_weights_are_packed_and_run():
+def test_4bit_per_channel_linear_weights_are_packed_and_run(lowered):
     """What ExecuTorch 1.5.1 does with weight_qmin=-8, weight_qmax=7: per-channel 4-bit
     linear weights are taken as XNNPACK 4-bit weights (packed two per byte: the program
     shrinks) and run; the output stays within two steps of the reference (one element of
-    1024 measured two steps off)."""
+    1024 measured two steps off). The int8 program is the shared static per-channel
+    transformer block's (the same model, config, inputs and calibration)."""
     from quantweave.testing import models
 
     sizes = {}
     for name, config in (("int8", {"is_per_channel": True}), ("int4", {"is_per_channel": True, **FOUR_BIT})):
-        converted, inputs = _lower_4bit(models.encoder_block(), config)
-        program = qx.to_executorch(converted, inputs)
+        if name == "int8":
+            converted, inputs = ours("transformer_block", "static_per_channel")
+            program = lowered("transformer_block", "static_per_channel")
+        else:
+            converted, inputs = _lower_4bit(models.encoder_block(), config)
+            program = qx.to_executorch(converted, inputs)
         assert not any("quantize" in op for op in program.not_delegated), program.summary()
         (out,) = program.load()(*inputs)
         steps = (out - converted(*inputs)).abs() / output_step(converted)

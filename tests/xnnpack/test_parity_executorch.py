@@ -38,7 +38,7 @@ from quantweave.testing import models
 from quantweave.testing.inspect import qdq_summary
 from tests.helpers import spec_key
 
-from ._cases import CONFIGS, MODELS, example_inputs, run_flow
+from ._cases import CONFIGS, MODELS, example_inputs, ours_flow, run_flow
 
 pytestmark = pytest.mark.executorch
 xq = pytest.importorskip(
@@ -98,7 +98,7 @@ PTQ = [(m, c) for m in MODELS for c in CONFIGS if c != "qat"]
 @pytest.mark.parametrize(("model_name", "config_name"), PTQ)
 def test_same_annotations_qparams_and_outputs(model_name, config_name):
     config = CONFIGS[config_name]
-    prepared, converted = run_flow(MODELS[model_name](), config, ours_quantizer(**config))
+    prepared, converted = ours_flow(model_name, config_name)  # the runtime tests' models, made once
     peer_prepared, peer_converted = peer_flow(MODELS[model_name](), config, peer_quantizer(**config))
     ours_ann, peer_ann = annotations(prepared), annotations(peer_prepared)
     assert len(ours_ann) >= (1 if config.get("is_dynamic") else 4)  # dynamic: the decoder's last conv only

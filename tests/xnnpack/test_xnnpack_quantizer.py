@@ -20,7 +20,7 @@ from quantweave.plugin_api import ANNOTATION_KEY, SKIP_REASON_KEY, QuantizerInfo
 from quantweave.testing.conformance import capability_cases, check_capability, check_conformance
 from quantweave_xnnpack import plugin
 from quantweave_xnnpack._capabilities import declared_capabilities
-from tests.helpers import export
+from tests.helpers import assert_names, export
 
 aten = torch.ops.aten
 (INFO,) = plugin.quantweave_quantizers()
@@ -212,18 +212,21 @@ def test_per_token_dynamic_activations_are_an_option_and_the_default_is_executor
     ids=["unknown", "static", "qat", "narrow"],
 )
 def test_per_token_config_errors_say_what_was_expected(options, message):
-    with pytest.raises(ValueError, match="get_symmetric_quantization_config: act_granularity") as info:
+    with pytest.raises(ValueError) as info:
         qx.get_symmetric_quantization_config(**options)
+    assert_names(info, "get_symmetric_quantization_config", "act_granularity")
     assert message in str(info.value)
 
 
 def test_config_type_errors_are_clear():
-    with pytest.raises(TypeError, match="is_per_channel must be a bool"):
+    with pytest.raises(TypeError) as info:
         qx.get_symmetric_quantization_config(is_per_channel=1)
+    assert_names(info, "is_per_channel", "bool")
     with pytest.raises(TypeError, match="QuantizationConfig or None"):
         qx.XNNPACKQuantizer().set_global("int8")
-    with pytest.raises(ValueError, match="anchors no XNNPACK pattern"):
+    with pytest.raises(ValueError) as info:
         qx.XNNPACKQuantizer().set_operator_type(aten.softmax.int, qx.get_symmetric_quantization_config())
+    assert_names(info, "softmax", "XNNPACK pattern")
     with pytest.raises(TypeError, match="aten op"):
         qx.XNNPACKQuantizer().set_operator_type(F.linear, qx.get_symmetric_quantization_config())
 
@@ -562,8 +565,9 @@ def test_4bit_weights_are_in_minus_8_to_7(per_channel):
 def test_to_executorch_says_what_to_install_when_executorch_is_missing(monkeypatch):
     for name in ("executorch", "executorch.exir", "executorch.backends.xnnpack.partition.xnnpack_partitioner"):
         monkeypatch.setitem(sys.modules, name, None)
-    with pytest.raises(qx.ExecuTorchNotInstalledError, match=r"pip install --no-deps torchao==0\.18\.0 executorch"):
+    with pytest.raises(qx.ExecuTorchNotInstalledError) as info:
         qx.to_executorch(nn.Linear(2, 2), (torch.randn(1, 2),))
+    assert_names(info, "torchao==0.18.0", "executorch", "--no-deps")
     assert issubclass(qx.ExecuTorchNotInstalledError, ImportError)
 
 

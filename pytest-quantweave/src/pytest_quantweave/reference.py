@@ -81,27 +81,41 @@ def _is_float_tensor(node: Any) -> bool:
     return _is_tensor(node) and node.meta["val"].is_floating_point()
 
 
+def activation_spec(api: Any, observer: Any, *, signed: bool = False) -> Any:
+    """A static per-tensor activation spec of ``api``'s: uint8 [0, 255] affine (the reference
+    quantizer's), or with ``signed=True`` int8 [-128, 127] symmetric (the PT2E tutorial's).
+    ``observer``: the observer or fake-quantize constructor. One home for the spec set-up the
+    kit, tests/tutorial.py and tests/core/_distributed/scenarios.py share."""
+    return api.QuantizationSpec(
+        dtype=torch.int8 if signed else torch.uint8,
+        quant_min=-128 if signed else 0,
+        quant_max=127 if signed else 255,
+        qscheme=torch.per_tensor_symmetric if signed else torch.per_tensor_affine,
+        is_dynamic=False,
+        observer_or_fake_quant_ctr=observer,
+    )
+
+
+def weight_spec(api: Any, observer: Any, *, narrow: bool = False, per_channel: bool = True) -> Any:
+    """A static int8 symmetric weight spec of ``api``'s: per channel along axis 0 (or per tensor
+    with ``per_channel=False``), [-128, 127] (or [-127, 127] with ``narrow=True``)."""
+    return api.QuantizationSpec(
+        dtype=torch.int8,
+        quant_min=-127 if narrow else -128,
+        quant_max=127,
+        qscheme=torch.per_channel_symmetric if per_channel else torch.per_tensor_symmetric,
+        ch_axis=0 if per_channel else None,
+        is_dynamic=False,
+        observer_or_fake_quant_ctr=observer,
+    )
+
+
 class _Annotator:
     def __init__(self, api: Any, histogram: bool, derived_bias: bool) -> None:
         self.api = api
         act_observer = api.HistogramObserver if histogram else api.MinMaxObserver
-        self.act = api.QuantizationSpec(
-            dtype=torch.uint8,
-            quant_min=0,
-            quant_max=255,
-            qscheme=torch.per_tensor_affine,
-            is_dynamic=False,
-            observer_or_fake_quant_ctr=act_observer.with_args(eps=2**-12),
-        )
-        self.weight = api.QuantizationSpec(
-            dtype=torch.int8,
-            quant_min=-128,
-            quant_max=127,
-            qscheme=torch.per_channel_symmetric,
-            ch_axis=0,
-            is_dynamic=False,
-            observer_or_fake_quant_ctr=api.PerChannelMinMaxObserver.with_args(eps=2**-12),
-        )
+        self.act = activation_spec(api, act_observer.with_args(eps=2**-12))
+        self.weight = weight_spec(api, api.PerChannelMinMaxObserver.with_args(eps=2**-12))
         self.fixed_sigmoid = api.FixedQParamsQuantizationSpec(
             dtype=torch.uint8,
             scale=1.0 / 256.0,

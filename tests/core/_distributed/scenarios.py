@@ -26,7 +26,7 @@ from quantweave.observers import (
     PerChannelMinMaxObserver,
 )
 from quantweave.testing.models import calibration_batches, example_inputs, resnet18_like
-from quantweave.testing.reference import make_reference_quantizer
+from quantweave.testing.reference import activation_spec, make_reference_quantizer, quantweave_api, weight_spec
 
 aten = torch.ops.aten
 WORLD = 2
@@ -78,21 +78,8 @@ class WeightedOpQuantizer(qw.Quantizer):
     """Input, weight and output of every conv2d / linear, with the given constructors."""
 
     def __init__(self, act: Callable[..., Any], weight: Callable[..., Any]) -> None:
-        self.act = qw.QuantizationSpec(
-            dtype=torch.uint8,
-            quant_min=0,
-            quant_max=255,
-            qscheme=torch.per_tensor_affine,
-            observer_or_fake_quant_ctr=act,
-        )
-        self.weight = qw.QuantizationSpec(
-            dtype=torch.int8,
-            quant_min=-127,
-            quant_max=127,
-            qscheme=torch.per_channel_symmetric,
-            ch_axis=0,
-            observer_or_fake_quant_ctr=weight,
-        )
+        self.act = activation_spec(quantweave_api(), act)
+        self.weight = weight_spec(quantweave_api(), weight, narrow=True)
 
     def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         for node in model.graph.nodes:
