@@ -92,19 +92,19 @@ def _guarded(config: type, refusals: tuple[Refusal, ...]) -> type:
     if not own:
         return config
 
-    def check_constraints(self: Any, node: torch.fx.Node, ep: Any) -> bool:
-        if not super(guarded, self).check_constraints(node, ep):
+    class Guarded(config):
+        def check_constraints(self, node: torch.fx.Node, ep: Any) -> bool:
+            if not super().check_constraints(node, ep):
+                return False
+            refusal = refusal_for(node, own)
+            if refusal is None:
+                return True
+            logger.info("XNNPACK partitioner: %s (%s) kept out of the delegate: %s", node.name, target, refusal.reason)
             return False
-        refusal = refusal_for(node, own)
-        if refusal is None:
-            return True
-        logger.info("XNNPACK partitioner: %s (%s) kept out of the delegate: %s", node.name, target, refusal.reason)
-        return False
 
     # same name, so that ExecuTorch's labels of partitioned nodes (node.meta["xnn_partitioner_config"]) are unchanged
-    guarded = type(config.__name__, (config,), {"check_constraints": check_constraints})
-    guarded.__qualname__ = config.__qualname__
-    return guarded
+    Guarded.__name__, Guarded.__qualname__ = config.__name__, config.__qualname__
+    return Guarded
 
 
 def xnnpack_partitioner(options: Mapping[str, Any] | None = None, refusals: tuple[Refusal, ...] = REFUSALS) -> Any:
