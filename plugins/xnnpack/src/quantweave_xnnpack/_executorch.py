@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from . import _accept
+
 __all__ = [
     "Delegation",
     "ExecuTorchNotInstalledError",
@@ -145,9 +147,10 @@ def lower_to_edge(
     with its ``to_executorch(...)``) and the :class:`Delegation`. ``caller`` names the API in
     the error raised when ExecuTorch is missing."""
     exir = import_executorch("executorch.exir", caller=caller)
-    partition = import_executorch("executorch.backends.xnnpack.partition.xnnpack_partitioner", caller=caller)
+    import_executorch("executorch.backends.xnnpack.partition.xnnpack_partitioner", caller=caller)
     exported = torch.export.export(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
-    kwargs: dict[str, Any] = {"partitioner": [partition.XnnpackPartitioner(**dict(partitioner_options or {}))]}
+    # the partitioner keeps out what the XNNPACK runtime would refuse at load (_accept.REFUSALS)
+    kwargs: dict[str, Any] = {"partitioner": [_accept.xnnpack_partitioner(partitioner_options)]}
     if compile_config is not None:
         kwargs["compile_config"] = compile_config
     edge = exir.to_edge_transform_and_lower(exported, **kwargs)
