@@ -15,6 +15,10 @@ third party would. See docs/authoring.md for examples. This module only re-expor
 - float reasons: :func:`mark_float`, :func:`explain_float`, :func:`has_skip_reason`,
   :func:`in_place_reason`;
 - rule tables: :class:`Rule`, :class:`RuleTable`;
+- linears written as matrix products: :func:`weight_matmul` (``addmm`` / ``mm`` / ``matmul``
+  of an activation and a constant ``[in, out]`` weight), :class:`WeightMatmul`,
+  :data:`WEIGHT_AXIS`, :data:`WEIGHT_MATMUL_OPS`, :func:`channel_axis_spec` (a weight spec on
+  another channel axis);
 - sharing: :func:`share_inputs` (a concatenation's inputs and output on one range);
 - packaging: :func:`lazy_exports` (the lazy ``__init__`` of a plugin package);
 - annotating (PT2E's helpers, formerly at ``quantweave``'s top level):
@@ -49,6 +53,7 @@ from .graph import (
     tensor_value,
 )
 from .lazy import lazy_exports
+from .matmul import WEIGHT_AXIS, WEIGHT_MATMUL_OPS, WeightMatmul, channel_axis_spec, weight_matmul
 from .modules import NodeFilter, in_module, in_module_type, module_paths, module_types, type_name
 from .observers import activation_observer, weight_observer
 from .reasons import explain_float, has_skip_reason, in_place_reason, mark_float
@@ -61,6 +66,9 @@ __all__ = [
     "NodeFilter",
     "Rule",
     "RuleTable",
+    "WEIGHT_AXIS",
+    "WEIGHT_MATMUL_OPS",
+    "WeightMatmul",
     "activation_observer",
     "annotate_input_qspec_map",
     "annotate_output_qspec",
@@ -72,6 +80,7 @@ __all__ = [
     "quantize_ops",
     "attr_value",
     "calls",
+    "channel_axis_spec",
     "check_config",
     "config_key",
     "copy_for_rewrite",
@@ -96,5 +105,6 @@ __all__ = [
     "op_name",
     "tensor_value",
     "type_name",
+    "weight_matmul",
     "weight_observer",
 ]

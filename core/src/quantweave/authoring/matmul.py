@@ -1,0 +1,84 @@
+"""Matrix products with a constant weight: linears written as ``addmm`` / ``mm`` / ``matmul``.
+
+GPT-2's ``Conv1D`` (``transformers.pytorch_utils``) stores its weight ``[in, out]`` and exports
+as ``aten.addmm(bias, x, weight)``; a hand-written ``x @ W + b`` exports as
+``aten.matmul(x, W)``. Both are linears whose weight is the transpose of ``nn.Linear``'s:
+quantized per channel, the output channels are axis 1 (:data:`WEIGHT_AXIS`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, NamedTuple
+
+import torch
+from torch.ao.quantization.fake_quantize import FakeQuantize, FusedMovingAvgObsFakeQuantize
+from torch.fx import Node
+
+from ..annotation import QuantizationSpec
+from .graph import attr_value, calls, is_float_tensor
+
+__all__ = ["WEIGHT_AXIS", "WEIGHT_MATMUL_OPS", "WeightMatmul", "channel_axis_spec", "weight_matmul"]
+
+aten = torch.ops.aten
+
+#: the ops :func:`weight_matmul` recognises (the anchors of the core patterns ``addmm``,
+#: ``mm`` and ``matmul_weight``)
+WEIGHT_MATMUL_OPS = (aten.addmm.default, aten.mm.default, aten.matmul.default)
+
+#: the output-channel axis of an [in, out] weight (per-channel quantization)
+WEIGHT_AXIS = 1
+
+
+class WeightMatmul(NamedTuple):
+    """A linear written as a matrix product: its activation, its constant ``[in, out]``
+    weight and its bias (None for ``mm`` / ``matmul``)."""
+
+    x: Node
+    weight: Node
+    bias: Node | None
+
+
+def _constant_matrix(node: Any) -> bool:
+    value = attr_value(node)
+    return isinstance(value, torch.Tensor) and value.dim() == 2 and value.dtype == torch.float32
+
+
+def weight_matmul(node: Any) -> WeightMatmul | None:
+    """``node`` as a linear, when it is ``addmm(bias, x, W)``, ``mm(x, W)`` or ``matmul(x, W)``
+    of a float32 activation ``x`` and a constant (parameter or buffer: a ``get_attr``) 2-D
+    float32 weight ``W`` stored ``[in, out]``, with ``addmm``'s bias a constant 1-D tensor and
+    plain ``beta`` / ``alpha``; None otherwise (a product of two activations, ``W @ x``)."""
+    if not calls(node, WEIGHT_MATMUL_OPS):
+        return None
+    if node.target == aten.addmm.default:
+        if len(node.args) != 3 or node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
+            return None
+        bias, x, weight = node.args
+        bias_value = attr_value(bias)
+        if not (isinstance(bias_value, torch.Tensor) and bias_value.dim() == 1):
+            return None
+    else:
+        if len(node.args) != 2 or node.kwargs:
+            return None
+        (x, weight), bias = node.args, None
+    if not (isinstance(x, Node) and is_float_tensor(x) and _constant_matrix(weight)):
+        return None
+    return WeightMatmul(x, weight, bias)
+
+
+def channel_axis_spec(spec: Any, axis: int = WEIGHT_AXIS) -> Any:
+    """``spec`` (a weight :class:`~quantweave.QuantizationSpec`) with its channels on ``axis``
+    (default the output channels of an ``[in, out]`` weight); anything else (None, a shared
+    or derived spec) unchanged. torch's fused fake-quantizer supports per-channel only on axis
+    0, so a per-channel QAT spec built on it gets the unfused ``FakeQuantize`` with the same
+    arguments."""
+    if not isinstance(spec, QuantizationSpec) or spec.ch_axis == axis:
+        return spec
+    spec = replace(spec, ch_axis=axis)
+    per_channel = spec.qscheme in (torch.per_channel_symmetric, torch.per_channel_affine)
+    partial = getattr(spec.observer_or_fake_quant_ctr, "p", None)
+    if per_channel and axis != 0 and getattr(partial, "func", None) is FusedMovingAvgObsFakeQuantize:
+        keywords = dict(getattr(partial, "keywords", {}))
+        spec = replace(spec, observer_or_fake_quant_ctr=FakeQuantize.with_args(**keywords))
+    return spec
