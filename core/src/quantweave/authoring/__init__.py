@@ -27,6 +27,7 @@ third party would. See docs/authoring.md for examples. This module only re-expor
   :func:`get_bias_qspec`; lowering: :func:`quantize_ops`, :func:`dequantize_ops`.
 """
 
+from .._modules.matmul import WEIGHT_AXIS, WEIGHT_MATMUL_OPS, WeightMatmul, channel_axis_spec, weight_matmul
 from ..annotation import (
     annotate_input_qspec_map,
     annotate_output_qspec,
@@ -53,7 +54,6 @@ from .graph import (
     tensor_value,
 )
 from .lazy import lazy_exports
-from .matmul import WEIGHT_AXIS, WEIGHT_MATMUL_OPS, WeightMatmul, channel_axis_spec, weight_matmul
 from .modules import NodeFilter, in_module, in_module_type, module_paths, module_types, type_name
 from .observers import activation_observer, weight_observer
 from .reasons import explain_float, has_skip_reason, in_place_reason, mark_float

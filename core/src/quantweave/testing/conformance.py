@@ -45,7 +45,7 @@ from torch.fx import GraphModule, Node
 
 from .._modules.graph import get_attr_value
 from .._modules.patterns import Chain, chain_of, matches, node_op
-from .._modules.probing import activation_inputs, annotate_copy, has_specs, output_found, weight_input
+from .._modules.probing import activation_inputs, annotate_copy, bias_input, has_specs, output_found, weight_input
 from .._modules.sharing import collect_specs, group_specs
 from ..annotation import ANNOTATED_BY_KEY, is_annotated
 from ..capabilities import Capability, Mode, Quant, TensorQuant, capability_sort_key, tensor_quant_from_spec
@@ -160,7 +160,7 @@ def _check_annotations(gm: GraphModule, cap: Capability, chain: Chain) -> list[s
                 f"weight of {anchor.name!r}: declared {_describe(cap.weight)}, annotated {_describe(got_w)}"
             )
     if cap.bias is not None:
-        bias = anchor.args[2] if len(anchor.args) > 2 and isinstance(anchor.args[2], Node) else None
+        bias = bias_input(anchor)
         if bias is None:
             problems.append(
                 f"bias of {anchor.name!r}: declared {cap.bias}, but the probe's {anchor.name!r} has no bias"

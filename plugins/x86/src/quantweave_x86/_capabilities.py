@@ -80,9 +80,10 @@ TABLE = RuleTable(
         ),
         _fused("linear_add", step.linear_add, _CONV_ADD),
         _fused("linear_add_relu", step.linear_add_relu, _CONV_ADD),
+        Rule("addmm", step.weight_matmuls, why_weight_matmul, modes=_ALL, weighted=True),
         *(
-            Rule(p, step.weight_matmuls, why_weight_matmul, modes=_ALL, weighted=True)
-            for p in ("addmm", "mm", "matmul_weight")
+            Rule(p, step.weight_matmuls, why_weight_matmul, modes=_ALL, weighted=True, bias=None)
+            for p in ("mm", "matmul_weight")
         ),
         Rule("mul", step.mul, why_two_inputs, modes=_ALL),
         *(_shares_input(p) for p in ("cat", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "flatten")),

@@ -1,4 +1,5 @@
-"""Matrix products with a constant weight: linears written as ``addmm`` / ``mm`` / ``matmul``.
+"""Matrix products with a constant weight: linears written as ``addmm`` / ``mm`` / ``matmul``
+(re-exported by :mod:`quantweave.authoring`; read by the conformance kit and the report).
 
 GPT-2's ``Conv1D`` (``transformers.pytorch_utils``) stores its weight ``[in, out]`` and exports
 as ``aten.addmm(bias, x, weight)``; a hand-written ``x @ W + b`` exports as
@@ -12,11 +13,11 @@ from dataclasses import replace
 from typing import Any, NamedTuple
 
 import torch
-from torch.ao.quantization.fake_quantize import FakeQuantize, FusedMovingAvgObsFakeQuantize
 from torch.fx import Node
 
 from ..annotation import QuantizationSpec
-from .graph import attr_value, calls, is_float_tensor
+from .graph import get_attr_value
+from .torch_compat import FakeQuantize, FusedMovingAvgObsFakeQuantize
 
 __all__ = ["WEIGHT_AXIS", "WEIGHT_MATMUL_OPS", "WeightMatmul", "channel_axis_spec", "weight_matmul"]
 
@@ -39,8 +40,23 @@ class WeightMatmul(NamedTuple):
     bias: Node | None
 
 
+def _attr_value(node: Any) -> Any:
+    """What a ``get_attr`` node reads (None for any other node, or a missing target)."""
+    if not isinstance(node, Node) or node.op != "get_attr" or node.graph.owning_module is None:
+        return None
+    try:
+        return get_attr_value(node.graph.owning_module, str(node.target))
+    except AttributeError:
+        return None
+
+
+def _is_float32(node: Any) -> bool:
+    val = node.meta.get("val") if isinstance(node, Node) else None
+    return isinstance(val, torch.Tensor) and val.dtype == torch.float32
+
+
 def _constant_matrix(node: Any) -> bool:
-    value = attr_value(node)
+    value = _attr_value(node)
     return isinstance(value, torch.Tensor) and value.dim() == 2 and value.dtype == torch.float32
 
 
@@ -49,20 +65,20 @@ def weight_matmul(node: Any) -> WeightMatmul | None:
     of a float32 activation ``x`` and a constant (parameter or buffer: a ``get_attr``) 2-D
     float32 weight ``W`` stored ``[in, out]``, with ``addmm``'s bias a constant 1-D tensor and
     plain ``beta`` / ``alpha``; None otherwise (a product of two activations, ``W @ x``)."""
-    if not calls(node, WEIGHT_MATMUL_OPS):
+    if not isinstance(node, Node) or node.op != "call_function" or node.target not in WEIGHT_MATMUL_OPS:
         return None
     if node.target == aten.addmm.default:
         if len(node.args) != 3 or node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
             return None
         bias, x, weight = node.args
-        bias_value = attr_value(bias)
+        bias_value = _attr_value(bias)
         if not (isinstance(bias_value, torch.Tensor) and bias_value.dim() == 1):
             return None
     else:
         if len(node.args) != 2 or node.kwargs:
             return None
         (x, weight), bias = node.args, None
-    if not (isinstance(x, Node) and is_float_tensor(x) and _constant_matrix(weight)):
+    if not (isinstance(x, Node) and _is_float32(x) and _constant_matrix(weight)):
         return None
     return WeightMatmul(x, weight, bias)
 
