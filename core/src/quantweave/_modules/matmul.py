@@ -13,13 +13,20 @@ from dataclasses import replace
 from typing import Any, NamedTuple
 
 import torch
-from torch.fx import Node
+from torch.fx import GraphModule, Node
 
 from ..annotation import QuantizationSpec
-from .graph import get_attr_value
-from .torch_compat import FakeQuantize, FusedMovingAvgObsFakeQuantize
+from .graph import copy_graph_module, get_attr_value, rebuild
+from .torch_compat import FakeQuantize, FusedMovingAvgObsFakeQuantize, quantized_decomposed_ops
 
-__all__ = ["WEIGHT_AXIS", "WEIGHT_MATMUL_OPS", "WeightMatmul", "channel_axis_spec", "weight_matmul"]
+__all__ = [
+    "WEIGHT_AXIS",
+    "WEIGHT_MATMUL_OPS",
+    "WeightMatmul",
+    "channel_axis_spec",
+    "products_as_linears",
+    "weight_matmul",
+]
 
 aten = torch.ops.aten
 
@@ -98,3 +105,71 @@ def channel_axis_spec(spec: Any, axis: int = WEIGHT_AXIS) -> Any:
         keywords = dict(getattr(partial, "keywords", {}))
         spec = replace(spec, observer_or_fake_quant_ctr=FakeQuantize.with_args(**keywords))
     return spec
+
+
+def _dequantize(kind: str) -> Any:
+    return getattr(quantized_decomposed_ops(), f"dequantize_per_{kind}").default
+
+
+_PRODUCTS = (aten.addmm.default, aten.mm.default, aten.matmul.default)
+
+
+def _int8_weight(node: Node) -> Node | None:
+    """The ``dequantize_per_channel(int8 [in, out] constant, ..., axis=1)`` (or
+    ``dequantize_per_tensor``) a product reads as its weight, or None."""
+    weight = node.args[2] if node.target == aten.addmm.default else node.args[1]
+    if not (isinstance(weight, Node) and weight.op == "call_function" and len(weight.users) == 1):
+        return None
+    if weight.target == _dequantize("channel"):
+        if len(weight.args) < 4 or weight.args[3] != WEIGHT_AXIS:
+            return None
+    elif weight.target != _dequantize("tensor"):
+        return None
+    value = _attr_value(weight.args[0])
+    return weight if isinstance(value, torch.Tensor) and value.dim() == 2 else None
+
+
+def _rewritable(node: Node) -> bool:
+    if node.op != "call_function" or node.target not in _PRODUCTS or node.kwargs:
+        return False
+    if len(node.args) != (3 if node.target == aten.addmm.default else 2):
+        return False
+    return _int8_weight(node) is not None
+
+
+def products_as_linears(converted: GraphModule) -> GraphModule:
+    """For lowering: ``converted`` (a converted model) with each product of a quantized
+    ``[in, out]`` weight (``addmm`` / ``mm`` / ``matmul`` reading
+    ``dequantize_per_channel(int8 weight, ..., axis=1)`` or ``dequantize_per_tensor``)
+    written as ``aten.linear`` of the transposed int8 weight (per channel on axis 0): the
+    same values, exactly, in the form backends' int8 linear passes match (inductor's,
+    XNNPACK's). A new GraphModule sharing the other tensors, or ``converted`` itself when it
+    has none; ``converted`` is not changed."""
+    if not any(_rewritable(n) for n in converted.graph.nodes):
+        return converted
+    rewritten, node_map = copy_graph_module(converted)
+    nodes = {n.name: n for n in node_map.values()}
+    for node in list(nodes.values()):
+        if not _rewritable(node):
+            continue
+        dequantize = _int8_weight(node)
+        assert dequantize is not None
+        source = dequantize.args[0]
+        assert isinstance(source, Node)
+        name = f"{str(source.target).replace('.', '_')}_t"
+        while hasattr(rewritten, name):
+            name += "_"
+        rewritten.register_buffer(name, _attr_value(source).t().contiguous())
+        with rewritten.graph.inserting_before(dequantize):
+            transposed = rewritten.graph.get_attr(name)
+        if dequantize.target == _dequantize("channel"):
+            dequantize.args = (transposed, *dequantize.args[1:3], 0, *dequantize.args[4:])
+        else:
+            dequantize.args = (transposed, *dequantize.args[1:])
+        for key in ("val", "tensor_meta"):  # recorded for the [in, out] weight
+            dequantize.meta.pop(key, None)
+        if node.target == aten.addmm.default:
+            bias, x, weight = node.args
+            node.args = (x, weight, bias)
+        node.target = aten.linear.default
+    return rebuild(rewritten)

@@ -18,7 +18,8 @@ third party would. See docs/authoring.md for examples. This module only re-expor
 - linears written as matrix products: :func:`weight_matmul` (``addmm`` / ``mm`` / ``matmul``
   of an activation and a constant ``[in, out]`` weight), :class:`WeightMatmul`,
   :data:`WEIGHT_AXIS`, :data:`WEIGHT_MATMUL_OPS`, :func:`channel_axis_spec` (a weight spec on
-  another channel axis);
+  another channel axis); lowering: :func:`products_as_linears` (such a product, converted, as
+  the int8 linear backends match);
 - sharing: :func:`share_inputs` (a concatenation's inputs and output on one range);
 - packaging: :func:`lazy_exports` (the lazy ``__init__`` of a plugin package);
 - annotating (PT2E's helpers, formerly at ``quantweave``'s top level):
@@ -27,7 +28,14 @@ third party would. See docs/authoring.md for examples. This module only re-expor
   :func:`get_bias_qspec`; lowering: :func:`quantize_ops`, :func:`dequantize_ops`.
 """
 
-from .._modules.matmul import WEIGHT_AXIS, WEIGHT_MATMUL_OPS, WeightMatmul, channel_axis_spec, weight_matmul
+from .._modules.matmul import (
+    WEIGHT_AXIS,
+    WEIGHT_MATMUL_OPS,
+    WeightMatmul,
+    channel_axis_spec,
+    products_as_linears,
+    weight_matmul,
+)
 from ..annotation import (
     annotate_input_qspec_map,
     annotate_output_qspec,
@@ -101,6 +109,7 @@ __all__ = [
     "module_types",
     "node_op",
     "only_user",
+    "products_as_linears",
     "op_matches",
     "op_name",
     "tensor_value",
