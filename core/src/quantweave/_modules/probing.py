@@ -12,6 +12,7 @@ from torch.fx import GraphModule, Node
 
 from ..annotation import ANNOTATION_KEY, FixedQParamsQuantizationSpec, QuantizationAnnotation
 from .foreign import translate_annotations
+from .functionalize import functionalize_in_place
 from .graph import copy_graph_module
 from .matmul import weight_matmul
 from .patterns import node_op
@@ -23,8 +24,10 @@ __all__ = ["activation_inputs", "annotate_copy", "bias_input", "has_specs", "out
 def annotate_copy(quantizer: Any, exported: GraphModule, label: str, quiet: bool = False) -> GraphModule:
     """A copy of ``exported`` run through ``quantizer.transform_for_annotation`` and
     ``annotate``, torchao-class annotations translated to quantweave's (claims by ``label``);
-    ``quiet`` silences the quantizer's warnings."""
+    ``quiet`` silences the quantizer's warnings. As in ``prepare_pt2e``, an in-place op whose
+    write nobody else sees is annotated as its functional op."""
     gm, _ = copy_graph_module(exported)
+    functionalize_in_place(gm)
     with warnings.catch_warnings():
         if quiet:
             warnings.simplefilter("ignore")
