@@ -85,9 +85,9 @@ def weight_matmul(node: Any) -> WeightMatmul | None:
         if len(node.args) != 2 or node.kwargs:
             return None
         (x, weight), bias = node.args, None
-    if not (isinstance(x, Node) and _is_float32(x) and _constant_matrix(weight)):
+    if not (isinstance(x, Node) and _is_float32(x) and isinstance(weight, Node) and _constant_matrix(weight)):
         return None
-    return WeightMatmul(x, weight, bias)
+    return WeightMatmul(x, weight, bias if isinstance(bias, Node) else None)
 
 
 def channel_axis_spec(spec: Any, axis: int = WEIGHT_AXIS) -> Any:

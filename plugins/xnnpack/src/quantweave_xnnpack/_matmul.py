@@ -4,7 +4,7 @@ of the rule table's ``addmm`` / ``mm`` / ``matmul_weight`` rows. The weight is s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from torch.fx import GraphModule, Node
 
@@ -24,14 +24,20 @@ NOT_A_WEIGHT_MATMUL = (
 )
 
 
+def _float(reason: str) -> Callable[[qw.QuantizationConfig], str | None]:
+    def annotate(config: qw.QuantizationConfig) -> str | None:
+        return reason
+
+    return annotate
+
+
 def find_weight_matmul(gm: GraphModule) -> Iterator[Match]:
     for node in list(gm.graph.nodes):
         if not calls(node, WEIGHT_MATMULS):
             continue
         found = weight_matmul(node)
         if found is None:  # said why, in the report
-            reason = NOT_A_WEIGHT_MATMUL.format(op=op_name(node))
-            yield Match([node], node, lambda config, reason=reason: reason)
+            yield Match([node], node, _float(NOT_A_WEIGHT_MATMUL.format(op=op_name(node))))
             continue
 
         def annotate(
