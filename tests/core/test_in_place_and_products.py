@@ -219,3 +219,44 @@ def test_rule_table_rows_for_products_declare_the_weight_on_axis_1():
     caps = {c.pattern: c for c in table.capabilities(Mode.STATIC, ACT_TQ, weight)}
     assert caps["addmm"].weight.ch_axis == 1 and caps["mm"].bias is None
     assert table.ops_of("addmm") == ("aten.addmm.default",)
+
+
+class Linears(qw.Quantizer):
+    name = "linears"
+
+    def annotate(self, model):
+        weight = qw.QuantizationSpec(
+            dtype=torch.int8,
+            quant_min=-127,
+            quant_max=127,
+            qscheme=torch.per_channel_symmetric,
+            ch_axis=0,
+            observer_or_fake_quant_ctr=PerChannelMinMaxObserver,
+        )
+        for node in model.graph.nodes:
+            if authoring.calls(node, aten.linear.default):
+                authoring.annotate_input_qspec_map(node, node.args[0], ACT)
+                authoring.annotate_input_qspec_map(node, node.args[1], weight)
+                mark_annotated(node)
+        return model
+
+
+def test_compare_measures_an_op_whose_output_a_later_in_place_op_writes():
+    """The float model's relu_ writes the linear's output in place: compare keeps the linear's
+    value as it was (the converted model's relu is functional), so its SQNR is the linear's."""
+
+    class LinearReluInPlace(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(16, 16)
+
+        def forward(self, x):
+            return torch.relu_(self.fc(x))
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 16)
+    model = export(LinearReluInPlace(), x)
+    prepared = qw.prepare_pt2e(model, Linears())
+    qw.calibrate(prepared, [(x,)], progress=False)
+    (op,) = qw.compare(model, qw.convert_pt2e(prepared), [(x,)]).ops
+    assert op.node == "linear" and op.sqnr_db > 30, op
