@@ -315,7 +315,8 @@ def _check_per_token_activation(converted: GraphModule, anchor_name: str) -> lis
     if anchor is None:
         return [f"per-token activation: {anchor_name!r} is not in the converted graph"]
     where = f"activation input of {anchor_name!r} after convert_pt2e"
-    dq = anchor.args[0] if anchor.args and isinstance(anchor.args[0], Node) else None
+    index = 1 if node_op(anchor) == "aten.addmm.default" else 0  # addmm(bias, x, weight)
+    dq = anchor.args[index] if len(anchor.args) > index and isinstance(anchor.args[index], Node) else None
     if dq is None or node_op(dq) != "quantized_decomposed.dequantize_per_token.default":
         found = "nothing" if dq is None else node_op(dq) if dq.op == "call_function" else dq.op
         return [f"{where}: declared per_token, but it is not read through dequantize_per_token ({found})"]
