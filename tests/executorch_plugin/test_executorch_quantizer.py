@@ -90,10 +90,13 @@ def test_members_are_the_plugins_public_quantizers():
 LLM_TABLE = """\
 pattern           mode         served by  declared by  shadowed  weight                                                activation                       output
 ----------------  -----------  ---------  -----------  --------  ----------------------------------------------------  -------------------------------  ------
+addmm             dynamic      xnnpack    xnnpack      -         int8[-127,127] per_channel axis 1 sym                 int8[-128,127] per_token affine  float
 conv2d            dynamic      xnnpack    xnnpack      -         int8[-127,127] per_channel axis 0 sym                 int8[-128,127] per_token affine  float
 conv_transpose2d  dynamic      xnnpack    xnnpack      -         int8[-127,127] per_channel axis 1 sym                 int8[-128,127] per_token affine  float
 embedding         weight_only  embedding  embedding    -         uint8[0,255] per_channel_float_qparams axis 0 affine  -                                float
-linear            dynamic      xnnpack    xnnpack      -         int8[-127,127] per_channel axis 0 sym                 int8[-128,127] per_token affine  float"""  # noqa: E501
+linear            dynamic      xnnpack    xnnpack      -         int8[-127,127] per_channel axis 0 sym                 int8[-128,127] per_token affine  float
+matmul_weight     dynamic      xnnpack    xnnpack      -         int8[-127,127] per_channel axis 1 sym                 int8[-128,127] per_token affine  float
+mm                dynamic      xnnpack    xnnpack      -         int8[-127,127] per_channel axis 1 sym                 int8[-128,127] per_token affine  float"""  # noqa: E501
 
 
 def test_llm_table_as_text_and_json_with_provenance():
@@ -101,16 +104,22 @@ def test_llm_table_as_text_and_json_with_provenance():
     assert qe.capability_table_text(llm) == LLM_TABLE
     records = json.loads(qe.capability_table_json(llm))
     assert [(r["pattern"], r["mode"], r["served_by"], r["plugin"], r["shadowed"]) for r in records] == [
+        ("addmm", "dynamic", "xnnpack", "xnnpack", []),
         ("conv2d", "dynamic", "xnnpack", "xnnpack", []),
         ("conv_transpose2d", "dynamic", "xnnpack", "xnnpack", []),
         ("embedding", "weight_only", "embedding", "embedding", []),
         ("linear", "dynamic", "xnnpack", "xnnpack", []),
+        ("matmul_weight", "dynamic", "xnnpack", "xnnpack", []),
+        ("mm", "dynamic", "xnnpack", "xnnpack", []),
     ]
     for record, row in zip(records, llm.capability_table(), strict=True):
         assert Capability.from_dict(record["capability"]) == row.capability  # lossless
         assert record["served_as_declared"] and record["served_as"] == [[row.served_by, row.pattern]]
     assert {c.key: c.plugin for c in llm.quantization_capabilities()} == {
         ("linear", Mode.DYNAMIC): "xnnpack",
+        ("addmm", Mode.DYNAMIC): "xnnpack",
+        ("mm", Mode.DYNAMIC): "xnnpack",
+        ("matmul_weight", Mode.DYNAMIC): "xnnpack",
         ("conv2d", Mode.DYNAMIC): "xnnpack",
         ("conv_transpose2d", Mode.DYNAMIC): "xnnpack",
         ("embedding", Mode.WEIGHT_ONLY): "embedding",

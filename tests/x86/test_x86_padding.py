@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import quantweave as qw
-from quantweave.plugin_api import SKIP_REASON_KEY
+from quantweave.plugin_api import SKIP_REASON_KEY, is_annotated
 from tests.helpers import export
 
 aten = torch.ops.aten
@@ -124,12 +124,34 @@ class InPlaceBinary(torch.nn.Module):
         return h.mul_(x)
 
 
-def test_an_inplace_add_or_mul_x86_does_not_match_has_a_reason():
-    """x86 matches add / mul in their functional form only; the in-place forms (which the
-    vocabulary counts as add / mul) stay float with a reason saying so."""
+class InPlaceSeenThroughAView(InPlaceBinary):
+    def forward(self, x):
+        h = self.fc(x)
+        v = h.view(-1)  # taken before the write, it sees it: the add stays in place
+        h += x
+        return v, h.mul_(x)
+
+
+def test_an_inplace_add_and_mul_are_quantized_as_their_functional_ops():
+    """prepare rewrites an in-place op whose write nobody sees into its functional op (same
+    node name) on its copy, so x86's linear_add and mul patterns match it; the caller's graph
+    keeps its in-place ops."""
     quantizer = qw.get_quantizer("x86")
-    prepared = qw.prepare_pt2e(export(InPlaceBinary(), torch.randn(2, 4)), quantizer)
+    model = export(InPlaceBinary(), torch.randn(2, 4))
+    prepared = qw.prepare_pt2e(model, quantizer)
+    nodes = {n.name: n for n in prepared.graph.nodes}
+    assert nodes["add_"].target == aten.add.Tensor and is_annotated(nodes["add_"])
+    assert nodes["mul_"].target == aten.mul.Tensor and is_annotated(nodes["mul_"])
+    targets = {n.target for n in model.graph.nodes}
+    assert {aten.add_.Tensor, aten.mul_.Tensor} <= targets and aten.add.Tensor not in targets
+
+
+def test_an_inplace_add_or_mul_whose_write_is_seen_stays_float_with_a_reason():
+    """An in-place op whose write another tensor sees (a view taken before it) is not
+    rewritten; x86 matches add / mul in their functional form only, and says so."""
+    quantizer = qw.get_quantizer("x86")
+    prepared = qw.prepare_pt2e(export(InPlaceSeenThroughAView(), torch.randn(2, 4)), quantizer)
     for target in (aten.add_.Tensor, aten.mul_.Tensor):
         node = next(n for n in prepared.graph.nodes if n.target == target)
-        assert not qw.is_annotated(node)
+        assert not is_annotated(node)
         assert "is in place: x86 quantizes" in node.meta[SKIP_REASON_KEY], node.meta[SKIP_REASON_KEY]

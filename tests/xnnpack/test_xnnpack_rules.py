@@ -30,6 +30,7 @@ def test_a_config_applies_the_matchers_of_the_rows_declared_in_its_mode():
         == named(Mode.DYNAMIC)
         == {
             "linear",
+            "weight_matmul",
             "conv",
             "conv_transpose",
         }

@@ -44,6 +44,8 @@ import torch
 from torch.fx import GraphModule, Interpreter, Node
 
 from ._modules.batch_norm import batch_norm_call
+from ._modules.patterns import node_op
+from ._modules.prepare_rules import writes_first_input
 from ._modules.text import format_db, json_number, render_table
 from .convert import choose_qparams_ops, dequantize_ops, quantize_ops
 
@@ -142,13 +144,17 @@ def _short_op(target: str) -> str:
 
 
 class _Recorder(Interpreter):
-    """Runs a GraphModule and keeps the value of every node (by node)."""
+    """Runs a GraphModule and keeps the value of every node (by node). A value an in-place op
+    is about to write (``relu_`` of a conv's output) is kept as it was, in a copy."""
 
     def __init__(self, module: GraphModule) -> None:
         super().__init__(module, garbage_collect_values=False)
         self.values: dict[Node, Any] = {}
 
     def run_node(self, n: Node) -> Any:
+        written = n.args[0] if writes_first_input(n) else None
+        if isinstance(written, Node) and isinstance(self.values.get(written), torch.Tensor):
+            self.values[written] = self.values[written].clone()
         value = super().run_node(n)
         self.values[n] = value
         return value
@@ -311,9 +317,9 @@ def _shape(node: Node) -> tuple[str, ...] | None:
 
 def _mismatch(float_node: Node, node: Node) -> str | None:
     """Why two nodes of the same name are not the same node (another model, another
-    export), or None: they must call the same op, from the same module, with the same
-    output shape."""
-    if float_node.target != node.target:
+    export), or None: they must call the same op (an in-place op, which prepare annotates as
+    its functional op, counts as it), from the same module, with the same output shape."""
+    if node_op(float_node) != node_op(node):
         return f"the float model's {node.name!r} calls {float_node.target}, this node {node.target}"
     if _module_path(float_node) != _module_path(node):
         return (

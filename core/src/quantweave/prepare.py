@@ -5,10 +5,12 @@ graph whose parameters and buffers are *shared* with the caller's module (no wei
 is duplicated); batch-norm folding writes new attributes on the copy only, and annotations
 are written on the copy's nodes only.
 
-Flow: copy → fold eval-mode BN into conv/linear → ``quantizer.transform_for_annotation`` →
-``quantizer.annotate`` → ``quantizer.validate`` → observer plan (sharing groups, fixed,
-derived) → ``quantizer.prepare_obs_or_fq_callback`` → observers inserted as
-``call_module`` nodes named ``activation_post_process_<i>``.
+Flow: copy → in-place ops whose write no one sees as their functional ops (``x += y``
+as ``x + y``, :mod:`quantweave._modules.functionalize`) → fold eval-mode BN into
+conv/linear → ``quantizer.transform_for_annotation`` → ``quantizer.annotate`` →
+``quantizer.validate`` → observer plan (sharing groups, fixed, derived) →
+``quantizer.prepare_obs_or_fq_callback`` → observers inserted as
+``activation_post_process_<i>``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch.fx import GraphModule, Node
 from ._modules.bn_fold import fold_batch_norm
 from ._modules.explained_guards import explain_guards
 from ._modules.foreign import PT2E_HOOKS, check_observers, translate_annotations
+from ._modules.functionalize import functionalize_in_place
 from ._modules.graph import (
     check_graph_module,
     copy_graph_module,
@@ -102,6 +105,7 @@ def _prepare(model: GraphModule, quantizer: Quantizer, is_qat: bool) -> GraphMod
     # copy gets its own annotation objects, naming its own nodes
     remap_annotations(gm.graph, node_map)
     map_subgraphs(gm, api, lambda body: _prepare(body, quantizer, is_qat))  # scan / while_loop bodies
+    functionalize_in_place(gm)  # x += y, relu_(x): annotated as add, relu where no one sees the write
     if is_qat:
         _own_tensors(gm)
     else:

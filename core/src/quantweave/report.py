@@ -3,8 +3,10 @@
 ``annotation_report(model, quantizer)`` reads the annotations that ``prepare_pt2e`` leaves
 on the prepared model's nodes (or on an annotated graph) and lists every node whose op is
 in the pattern vocabulary (core patterns, and the patterns the quantizer's capabilities
-name; an in-place op such as ``relu_`` and a conv with ``padding="same"`` count as the op
-they compute, ``quantweave.capabilities.vocabulary_op``): ``quantized`` with the quantizer
+name) or is a compute op (:data:`COMPUTE_OPS`: convolutions, linear, addmm, mm, bmm,
+matmul, einsum, embedding..., declared by a plugin or by nobody; an in-place op such as
+``relu_`` and a conv with ``padding="same"`` count as the op they compute,
+``quantweave.capabilities.vocabulary_op``): ``quantized`` with the quantizer
 that annotated it (``node.meta[ANNOTATED_BY_KEY]``, written by ``mark_annotated(..., by=...)`` and by
 ``ComposableQuantizer``), or ``float`` with the reason, from the quantizer that
 considered the node. ``NodeReport.kind`` says which kind of reason it is:
@@ -56,7 +58,15 @@ from .vocabulary import Vocabulary, core_vocabulary
 if TYPE_CHECKING:
     from .numerics import NumericsReport, OpNumerics
 
-__all__ = ["KINDS", "SKIP_REASON_KEY", "AnnotationReport", "NodeReport", "annotation_report", "reported_ops"]
+__all__ = [
+    "COMPUTE_OPS",
+    "KINDS",
+    "SKIP_REASON_KEY",
+    "AnnotationReport",
+    "NodeReport",
+    "annotation_report",
+    "reported_ops",
+]
 
 NO_CLAIM = "no quantizer claims this pattern"  # only when the report is given no quantizer
 FUSED = "fused: runs inside the quantized pattern of its neighbours (claimed without specs of its own)"
@@ -64,10 +74,40 @@ FUSED = "fused: runs inside the quantized pattern of its neighbours (claimed wit
 KINDS = ("quantized", "fused", "skipped", "not_applicable", "shadowed", "unexplained", "undeclared")
 
 
+#: the compute ops (weighted ops and matrix products) the report always lists, whether a
+#: pattern of the vocabulary names them or not: a model's compute left float is never hidden
+COMPUTE_OPS = frozenset(
+    f"aten.{op}"
+    for op in (
+        "conv1d.default",
+        "conv2d.default",
+        "conv3d.default",
+        "conv_transpose1d.default",
+        "conv_transpose2d.input",
+        "conv_transpose3d.input",
+        "convolution.default",
+        "linear.default",
+        "addmm.default",
+        "mm.default",
+        "bmm.default",
+        "baddbmm.default",
+        "addbmm.default",
+        "matmul.default",
+        "mv.default",
+        "addmv.default",
+        "einsum.default",
+        "embedding.default",
+        "embedding_bag.default",
+    )
+)
+
+
 def reported_ops(capabilities: Iterable[Any] = (), vocabulary: Vocabulary | None = None) -> frozenset[str]:
-    """The op names the report lists: every op of the vocabulary (default the core's), and
-    the ops of the given capabilities (patterns that plugins contribute)."""
-    ops = set((core_vocabulary() if vocabulary is None else vocabulary).all_ops())
+    """The op names the report lists: every op of the vocabulary (default the core's), the
+    ops of the given capabilities (patterns that plugins contribute) and the compute ops
+    (:data:`COMPUTE_OPS`: convolutions, linear, addmm, mm, bmm, matmul, einsum, embedding...)."""
+    ops = set(COMPUTE_OPS)
+    ops.update((core_vocabulary() if vocabulary is None else vocabulary).all_ops())
     ops.update(op for cap in capabilities for op in getattr(cap, "ops", ()))
     return frozenset(ops)
 

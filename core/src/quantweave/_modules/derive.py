@@ -65,7 +65,7 @@ from ..annotation import ANNOTATION_KEY, FixedQParamsQuantizationSpec
 from ..quantizer import Quantizer
 from ..vocabulary import core_vocabulary, export_probe
 from .patterns import chain_of, matches, node_op
-from .probing import activation_inputs, annotate_copy, has_specs, output_found, weight_input
+from .probing import activation_inputs, annotate_copy, bias_input, has_specs, output_found, weight_input
 from .records import FLOAT, Capability, Mode, Quant, TensorQuant, tensor_quant_from_spec
 from .sharing import collect_specs, group_specs
 from .torch_compat import unguarded_module
@@ -453,7 +453,7 @@ def _read(
     else:
         mode = Mode.STATIC
     bias: Quant | None = None
-    bias_node = anchor.args[2] if len(anchor.args) > 2 and isinstance(anchor.args[2], Node) else None
+    bias_node = bias_input(anchor)
     if bias_node is not None and weight is not None:
         bias_spec = resolved((bias_node, anchor))
         bias_tq = tensor_quant_from_spec(bias_spec)

@@ -12,18 +12,22 @@ from torch.fx import GraphModule, Node
 
 from ..annotation import ANNOTATION_KEY, FixedQParamsQuantizationSpec, QuantizationAnnotation
 from .foreign import translate_annotations
+from .functionalize import functionalize_in_place
 from .graph import copy_graph_module
+from .matmul import weight_matmul
 from .patterns import node_op
 from .records import FLOAT, Quant, tensor_quant_from_spec
 
-__all__ = ["activation_inputs", "annotate_copy", "has_specs", "output_found", "weight_input"]
+__all__ = ["activation_inputs", "annotate_copy", "bias_input", "has_specs", "output_found", "weight_input"]
 
 
 def annotate_copy(quantizer: Any, exported: GraphModule, label: str, quiet: bool = False) -> GraphModule:
     """A copy of ``exported`` run through ``quantizer.transform_for_annotation`` and
     ``annotate``, torchao-class annotations translated to quantweave's (claims by ``label``);
-    ``quiet`` silences the quantizer's warnings."""
+    ``quiet`` silences the quantizer's warnings. As in ``prepare_pt2e``, an in-place op whose
+    write nobody else sees is annotated as its functional op."""
     gm, _ = copy_graph_module(exported)
+    functionalize_in_place(gm)
     with warnings.catch_warnings():
         if quiet:
             warnings.simplefilter("ignore")
@@ -42,7 +46,11 @@ def has_specs(node: Node) -> bool:
 
 
 def activation_inputs(node: Node) -> list[Node]:
-    """The activation inputs of a vocabulary op (none for embedding; every tensor of a cat)."""
+    """The activation inputs of a vocabulary op (none for embedding; every tensor of a cat;
+    the activation of a product with a constant weight, :func:`~quantweave._modules.matmul.weight_matmul`)."""
+    as_linear = weight_matmul(node)
+    if as_linear is not None:
+        return [as_linear.x]
     target = node_op(node)
     if target == "aten.embedding.default":
         return []
@@ -54,13 +62,27 @@ def activation_inputs(node: Node) -> list[Node]:
 
 
 def weight_input(node: Node) -> Node | None:
-    """The weight input of a conv, linear or embedding (None for other ops)."""
+    """The weight input of a conv, linear or embedding, or of a product with a constant
+    weight (addmm / mm / matmul); None for other ops."""
+    as_linear = weight_matmul(node)
+    if as_linear is not None:
+        return as_linear.weight
     target = node_op(node)
     index = 0 if target == "aten.embedding.default" else 1
     if target.startswith(("aten.conv", "aten.linear", "aten.embedding")) and len(node.args) > index:
         arg = node.args[index]
         return arg if isinstance(arg, Node) else None
     return None
+
+
+def bias_input(node: Node) -> Node | None:
+    """The bias of a weighted op: its third argument (a conv's, a linear's), ``addmm``'s
+    first; None when it has none."""
+    as_linear = weight_matmul(node)
+    if as_linear is not None:
+        return as_linear.bias
+    bias = node.args[2] if len(node.args) > 2 else None
+    return bias if isinstance(bias, Node) else None
 
 
 def output_found(

@@ -15,6 +15,11 @@ third party would. See docs/authoring.md for examples. This module only re-expor
 - float reasons: :func:`mark_float`, :func:`explain_float`, :func:`has_skip_reason`,
   :func:`in_place_reason`;
 - rule tables: :class:`Rule`, :class:`RuleTable`;
+- linears written as matrix products: :func:`weight_matmul` (``addmm`` / ``mm`` / ``matmul``
+  of an activation and a constant ``[in, out]`` weight), :class:`WeightMatmul`,
+  :data:`WEIGHT_AXIS`, :data:`WEIGHT_MATMUL_OPS`, :func:`channel_axis_spec` (a weight spec on
+  another channel axis); lowering: :func:`products_as_linears` (such a product, converted, as
+  the int8 linear backends match);
 - sharing: :func:`share_inputs` (a concatenation's inputs and output on one range);
 - packaging: :func:`lazy_exports` (the lazy ``__init__`` of a plugin package);
 - annotating (PT2E's helpers, formerly at ``quantweave``'s top level):
@@ -23,6 +28,14 @@ third party would. See docs/authoring.md for examples. This module only re-expor
   :func:`get_bias_qspec`; lowering: :func:`quantize_ops`, :func:`dequantize_ops`.
 """
 
+from .._modules.matmul import (
+    WEIGHT_AXIS,
+    WEIGHT_MATMUL_OPS,
+    WeightMatmul,
+    channel_axis_spec,
+    products_as_linears,
+    weight_matmul,
+)
 from ..annotation import (
     annotate_input_qspec_map,
     annotate_output_qspec,
@@ -61,6 +74,9 @@ __all__ = [
     "NodeFilter",
     "Rule",
     "RuleTable",
+    "WEIGHT_AXIS",
+    "WEIGHT_MATMUL_OPS",
+    "WeightMatmul",
     "activation_observer",
     "annotate_input_qspec_map",
     "annotate_output_qspec",
@@ -72,6 +88,7 @@ __all__ = [
     "quantize_ops",
     "attr_value",
     "calls",
+    "channel_axis_spec",
     "check_config",
     "config_key",
     "copy_for_rewrite",
@@ -92,9 +109,11 @@ __all__ = [
     "module_types",
     "node_op",
     "only_user",
+    "products_as_linears",
     "op_matches",
     "op_name",
     "tensor_value",
     "type_name",
+    "weight_matmul",
     "weight_observer",
 ]

@@ -59,7 +59,9 @@ def explain_float(model: GraphModule, ops: Collection[str], why: Callable[[Node]
 
 def in_place_reason(node: Node, quantizer: str) -> str | None:
     """The reason for an in-place op (``x += y``) a quantizer matches only as its functional
-    op, or None when ``node`` is not in place."""
+    op, or None when ``node`` is not in place. ``prepare_pt2e`` annotates an in-place op whose
+    write nobody else sees as its functional op; one left in place writes a tensor that
+    something else reads (a view of it, a model input, a parameter or buffer)."""
     functional = node_op(node)
     parts = str(node.target).split(".")
     if functional == str(node.target) or len(parts) != 3 or not parts[1].endswith("_"):
@@ -67,5 +69,6 @@ def in_place_reason(node: Node, quantizer: str) -> str | None:
     name = functional.split(".")[1]
     return (
         f"{op_name(node)} is in place: {quantizer} quantizes {name} only as the functional op "
-        f"({functional}); write it out of place (x = x + y, not x += y) to have it quantized"
+        f"({functional}), and this write is seen elsewhere (through a view, or on a model input, parameter "
+        "or buffer), so it stays in place; write it out of place (x = x + y, not x += y) to have it quantized"
     )

@@ -45,7 +45,7 @@ from torch.fx import GraphModule, Node
 
 from .._modules.graph import get_attr_value
 from .._modules.patterns import Chain, chain_of, matches, node_op
-from .._modules.probing import activation_inputs, annotate_copy, has_specs, output_found, weight_input
+from .._modules.probing import activation_inputs, annotate_copy, bias_input, has_specs, output_found, weight_input
 from .._modules.sharing import collect_specs, group_specs
 from ..annotation import ANNOTATED_BY_KEY, is_annotated
 from ..capabilities import Capability, Mode, Quant, TensorQuant, capability_sort_key, tensor_quant_from_spec
@@ -160,7 +160,7 @@ def _check_annotations(gm: GraphModule, cap: Capability, chain: Chain) -> list[s
                 f"weight of {anchor.name!r}: declared {_describe(cap.weight)}, annotated {_describe(got_w)}"
             )
     if cap.bias is not None:
-        bias = anchor.args[2] if len(anchor.args) > 2 and isinstance(anchor.args[2], Node) else None
+        bias = bias_input(anchor)
         if bias is None:
             problems.append(
                 f"bias of {anchor.name!r}: declared {cap.bias}, but the probe's {anchor.name!r} has no bias"
@@ -315,7 +315,8 @@ def _check_per_token_activation(converted: GraphModule, anchor_name: str) -> lis
     if anchor is None:
         return [f"per-token activation: {anchor_name!r} is not in the converted graph"]
     where = f"activation input of {anchor_name!r} after convert_pt2e"
-    dq = anchor.args[0] if anchor.args and isinstance(anchor.args[0], Node) else None
+    index = 1 if node_op(anchor) == "aten.addmm.default" else 0  # addmm(bias, x, weight)
+    dq = anchor.args[index] if len(anchor.args) > index and isinstance(anchor.args[index], Node) else None
     if dq is None or node_op(dq) != "quantized_decomposed.dequantize_per_token.default":
         found = "nothing" if dq is None else node_op(dq) if dq.op == "call_function" else dq.op
         return [f"{where}: declared per_token, but it is not read through dequantize_per_token ({found})"]

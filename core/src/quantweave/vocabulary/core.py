@@ -89,6 +89,15 @@ PATTERNS: dict[str, tuple[str, tuple[str, ...]]] = {
     "linear_add": ("linear whose output is added to another tensor", ("aten.linear.default", "aten.add.Tensor")),
     "linear_add_relu": ("linear, add, relu", ("aten.linear.default", "aten.add.Tensor", "aten.relu.default")),
     "matmul": ("matrix product of two activations", ("aten.matmul.default",)),
+    "addmm": (
+        "bias plus an activation times a constant [in, out] weight: a linear (GPT-2's Conv1D)",
+        ("aten.addmm.default",),
+    ),
+    "mm": ("an activation times a constant [in, out] weight: a linear without bias", ("aten.mm.default",)),
+    "matmul_weight": (
+        "an activation times a constant [in, out] weight, written x @ W: a linear without bias",
+        ("aten.matmul.default",),
+    ),
     "add": ("elementwise add of two tensors", ("aten.add.Tensor",)),
     "add_relu": ("add followed by relu", ("aten.add.Tensor", "aten.relu.default")),
     "mul": ("elementwise multiply of two tensors", ("aten.mul.Tensor",)),

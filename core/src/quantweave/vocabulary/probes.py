@@ -63,6 +63,20 @@ def _cat_then(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], tuple[
     )
 
 
+class _Weighted(nn.Module):
+    """A constant weight stored [in, out] (as GPT-2's ``Conv1D`` stores it) and a bias,
+    multiplied by ``forward``'s function (``torch.addmm``, ``torch.mm``, ``x @ W``)."""
+
+    def __init__(self, forward: Callable[..., torch.Tensor]) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(16, 8) * 0.25)
+        self.bias = nn.Parameter(torch.randn(8) * 0.1)
+        self._forward = forward
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._forward(self, x)
+
+
 def _identity(x: torch.Tensor) -> torch.Tensor:
     return x
 
@@ -126,6 +140,11 @@ PROBES: dict[str, ProbeFactory] = {
         (torch.randn(2, 16), torch.randn(2, 8)),
     ),
     "matmul": lambda: (_Probe(lambda m, x, y: torch.matmul(x, y)), (torch.randn(2, 4, 8), torch.randn(2, 8, 4))),
+    # an activation times a constant [in, out] weight: linear, written as GPT-2's Conv1D
+    # (addmm), without bias (mm) and by hand (x @ W, which export keeps as matmul)
+    "addmm": lambda: (_Weighted(lambda m, x: torch.addmm(m.bias, x, m.weight)), (torch.randn(2, 16),)),
+    "mm": lambda: (_Weighted(lambda m, x: torch.mm(x, m.weight)), (torch.randn(2, 16),)),
+    "matmul_weight": lambda: (_Weighted(lambda m, x: x @ m.weight), (torch.randn(1, 3, 16),)),
     "add": lambda: (_Probe(lambda m, x, y: x + y), (torch.randn(2, 8), torch.randn(2, 8))),
     "add_relu": lambda: (_Probe(lambda m, x, y: F.relu(x + y)), (torch.randn(2, 8), torch.randn(2, 8))),
     "mul": lambda: (_Probe(lambda m, x, y: x * y), (torch.randn(2, 8), torch.randn(2, 8))),

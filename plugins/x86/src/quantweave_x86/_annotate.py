@@ -9,7 +9,15 @@ from typing import Any
 from torch.fx import GraphModule, Node
 
 import quantweave as qw
-from quantweave.authoring import ConfigStage, calls, first_user, is_float_tensor, mark_float
+from quantweave.authoring import (
+    ConfigStage,
+    calls,
+    channel_axis_spec,
+    first_user,
+    is_float_tensor,
+    mark_float,
+    weight_matmul,
+)
 from quantweave.plugin_api import ANNOTATION_KEY, is_annotated, mark_annotated
 
 from ._ops import (
@@ -237,6 +245,19 @@ def linear_unary(a: StageAnnotator, nodes: list[Node]) -> None:
 
 def linear_alone(a: StageAnnotator, nodes: list[Node]) -> None:
     _standalone(a, nodes, (LINEAR,))
+
+
+def weight_matmuls(a: StageAnnotator, nodes: list[Node]) -> None:
+    """addmm / mm / matmul of an activation and a constant [in, out] weight, as a linear: the
+    weight per channel on its output axis (1), the bias float."""
+    for node in nodes:
+        found = weight_matmul(node)
+        if found is None or not a.claim([node]):
+            continue
+        input_map: dict[Node, Any] = {found.x: a.act, found.weight: channel_axis_spec(a.weight)}
+        if found.bias is not None:
+            input_map[found.bias] = a.bias
+        a.mark(node, input_map, ends_pattern=True)
 
 
 def matmul(a: StageAnnotator, nodes: list[Node]) -> None:

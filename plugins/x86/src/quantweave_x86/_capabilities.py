@@ -12,11 +12,13 @@ from quantweave.authoring import Rule, RuleTable
 from quantweave.plugin_api import Capability, Mode, TensorQuant
 
 from . import _annotate as step
-from ._reasons import why_add, why_fused, why_propagated, why_two_inputs, why_weighted
+from ._reasons import why_add, why_fused, why_propagated, why_two_inputs, why_weight_matmul, why_weighted
 
 __all__ = ["TABLE", "declared_capabilities"]
 
 _ALL = (Mode.STATIC, Mode.DYNAMIC, Mode.QAT)
+#: patterns whose weight is stored [in, out] (a linear written as a matrix product)
+_IN_OUT_WEIGHTS = frozenset(("addmm", "mm", "matmul_weight"))
 
 
 def _either(*whys: Callable[[Node], str | None]) -> Callable[[Node], str | None]:
@@ -78,6 +80,11 @@ TABLE = RuleTable(
         ),
         _fused("linear_add", step.linear_add, _CONV_ADD),
         _fused("linear_add_relu", step.linear_add_relu, _CONV_ADD),
+        Rule("addmm", step.weight_matmuls, why_weight_matmul, modes=_ALL, weighted=True),
+        *(
+            Rule(p, step.weight_matmuls, why_weight_matmul, modes=_ALL, weighted=True, bias=None)
+            for p in ("mm", "matmul_weight")
+        ),
         Rule("mul", step.mul, why_two_inputs, modes=_ALL),
         *(_shares_input(p) for p in ("cat", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "flatten")),
         Rule("matmul", step.matmul, why_two_inputs, modes=_ALL, option="enable_matmul"),
@@ -92,6 +99,7 @@ TABLE = RuleTable(
         step.linear_add,
         step.linear_unary,
         step.linear_alone,
+        step.weight_matmuls,
         step.matmul,
         step.mul,
         step.propagate,
@@ -107,11 +115,18 @@ def declared_capabilities(
     Conv and linear quantize their inputs (uint8 per-tensor activations, int8 per-channel
     symmetric weights on axis 0, float bias) and leave their output float for the next
     quantized op to quantize; a fused pattern (conv + relu, linear + add, ...) is one unit
-    with no quantize/dequantize inside. Pooling, cat and flatten share their input's
+    with no quantize/dequantize inside. addmm / mm / matmul of an activation and a constant
+    weight stored [in, out] (GPT-2's Conv1D, ``x @ W``) are linears, their weight per channel
+    on axis 1. Pooling, cat and flatten share their input's
     qparams, and are quantized only after one of x86's own quantized patterns.
     ``is_qat`` declares the QAT mode: the conv + batch norm patterns, whose last op
     fake-quantizes its own output, then everything the post-training recipe annotates."""
     act = TensorQuant("uint8", 0, 127 if reduce_range else 255, "per_tensor", symmetric=False)
-    weight = TensorQuant("int8", -128, 127, "per_channel", symmetric=True, ch_axis=0)
+
+    def weight(rule: Rule) -> TensorQuant:
+        # addmm / mm / matmul weights are stored [in, out]: output channels on axis 1
+        axis = 1 if rule.pattern in _IN_OUT_WEIGHTS else 0
+        return TensorQuant("int8", -128, 127, "per_channel", symmetric=True, ch_axis=axis)
+
     mode = Mode.QAT if is_qat else Mode.DYNAMIC if is_dynamic else Mode.STATIC
     return TABLE.capabilities(mode, act, weight, options={"enable_matmul"} if enable_matmul else ())

@@ -6,6 +6,9 @@ patterns into oneDNN int8 convolutions and linears) and returns a :class:`Lowere
 
 - No global side effects: freezing (and autocast for ``bf16=True``) is switched on only
   around the module's own calls; importing this module changes no configuration.
+- addmm / mm / matmul of an int8 weight stored [in, out] (GPT-2's ``Conv1D``, ``x @ W``) are
+  compiled as the linear of the transposed weight (the same values), which inductor's int8
+  linear pass matches (``quantweave.authoring.products_as_linears``).
 - ``x + x`` is compiled as ``x * 2`` (the same value): torch 2.13's int8 linear / conv +
   add fusion asserts when both operands of the add are the linear's (conv's) output.
 - On a CPU without VNNI or AMX (AVX2 / AVX-512 without VNNI), oneDNN multiplies uint8 by
@@ -31,7 +34,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from quantweave import MisuseWarning
-from quantweave.authoring import copy_for_rewrite, dequantize_ops, finish_rewrite, quantize_ops
+from quantweave.authoring import copy_for_rewrite, dequantize_ops, finish_rewrite, products_as_linears, quantize_ops
 
 __all__ = ["LoweredModule", "cpu_needs_reduce_range", "lower"]
 
@@ -124,7 +127,8 @@ def lower(converted: GraphModule, example_inputs: Sequence[Any], *, bf16: bool =
         )
     example_inputs = tuple(example_inputs)
     # compiled as is: a re-export added input checks worth ~0.4 ms per call (encoder, b1)
-    compiled = torch.compile(_int32_weight_zero_points(_without_self_adds(converted)), backend="inductor")
+    ready = _int32_weight_zero_points(_without_self_adds(products_as_linears(converted)))
+    compiled = torch.compile(ready, backend="inductor")
     lowered = LoweredModule(compiled, bf16, _inputs_to_protect(converted, len(example_inputs)))
     lowered(*example_inputs)  # compile now, under freezing
     return lowered

@@ -55,5 +55,7 @@ OPERATOR_OF: dict[Any, Any] = {
     F.adaptive_avg_pool2d: aten.adaptive_avg_pool2d.default,
     torch.flatten: FLATTEN,
     torch.matmul: MATMUL,
+    torch.addmm: aten.addmm.default,
+    torch.mm: aten.mm.default,
     torch.mul: MUL,
 }

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from quantweave.authoring import describe_node, is_float_tensor, op_name
+from quantweave.authoring import WEIGHT_MATMUL_OPS, describe_node, is_float_tensor, op_name, weight_matmul
 from quantweave.plugin_api import ANNOTATED_BY_KEY, ANNOTATION_KEY, is_annotated
 
 from . import _ops as ops
@@ -47,6 +47,18 @@ def why_weighted(node: Node) -> str | None:
     if node.target not in ops.WEIGHTED_OPS:
         return None
     return f"{op_name(node)} was not matched by an x86 pattern (its input or weight is not a graph tensor)"
+
+
+def why_weight_matmul(node: Node) -> str | None:
+    """addmm / mm / matmul are quantized as linears only with a constant [in, out] weight."""
+    if node.target not in WEIGHT_MATMUL_OPS or weight_matmul(node) is not None:
+        return None
+    if node.target == ops.MATMUL:
+        return None  # a product of two activations: the matmul row says why
+    return (
+        f"{op_name(node)} is quantized by x86 as a linear only between a float32 activation and a constant "
+        "2-D weight (a parameter or buffer, stored [in, out]) with a constant 1-D bias; here it is not"
+    )
 
 
 def why_add(node: Node) -> str | None:

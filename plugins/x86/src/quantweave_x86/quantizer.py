@@ -11,7 +11,10 @@ passes lower the result):
 - mul of two same-shape tensors: both inputs quantized;
 - max_pool2d, cat, avg_pool2d, adaptive_avg_pool2d, flatten: quantized only when their
   inputs come from quantized patterns; their outputs then share their input's observer;
-- matmul: opt-in (``enable_matmul=True`` or ``set_function_type_qconfig(torch.matmul, ...)``);
+- addmm / mm / matmul of an activation and a constant weight stored [in, out] (GPT-2's
+  ``Conv1D``, ``x @ W + b``): a linear, the weight per channel on its output axis (1);
+- matmul of two activations: opt-in (``enable_matmul=True`` or
+  ``set_function_type_qconfig(torch.matmul, ...)``);
 - QAT (``is_qat=True``): conv2d + batch norm, alone or followed by add (+ relu) or by one of
   the conv activations, is annotated first as one pattern whose last node fake-quantizes
   its output (batch norm stays in the graph while training); ``prepare_qat_pt2e`` and
@@ -47,7 +50,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 import quantweave as qw
-from quantweave.authoring import ConfigStage, ConfigStages, in_place_reason, op_name
+from quantweave.authoring import ConfigStage, ConfigStages, in_place_reason, op_name, weight_matmul
 from quantweave.plugin_api import Capability, Mode, warn_unknown_modules
 
 from ._annotate import StageAnnotator, X86Annotation, share_outputs_of_int8_in_int8_out
@@ -203,7 +206,7 @@ class X86InductorQuantizer(qw.Quantizer):
         if stage.kind == "operator_type":
             return lambda nodes: stage.anchors(n.target for n in nodes)
         quantizable = QUANTIZABLE if self.enable_matmul else DEFAULT_QUANTIZABLE
-        return lambda nodes: sum(n.target in quantizable for n in nodes) == 1
+        return lambda nodes: sum(n.target in quantizable or weight_matmul(n) is not None for n in nodes) == 1
 
     def annotate(self, model: GraphModule) -> GraphModule:
         warn_unknown_modules(model, "set_module_name_qconfig", self.module_name_qconfig, quantizer=self.name)
@@ -236,7 +239,12 @@ class X86InductorQuantizer(qw.Quantizer):
         target = node.target
         if target in PADDING_CONVS:
             return why_padding_conv_float(node)
-        if target == MATMUL and not self.enable_matmul and target not in self.operator_type_qconfig:
+        if (
+            target == MATMUL
+            and not self.enable_matmul
+            and target not in self.operator_type_qconfig
+            and weight_matmul(node) is None
+        ):
             return (
                 "matmul is opt-in: X86InductorQuantizer(enable_matmul=True) or "
                 "set_function_type_qconfig(torch.matmul, config)"

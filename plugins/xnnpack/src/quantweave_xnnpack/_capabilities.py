@@ -9,6 +9,9 @@ from ._rules import TABLE
 
 __all__ = ["declared_capabilities"]
 
+#: linears written as matrix products: the weight is stored [in, out]
+_IN_OUT_WEIGHTS = frozenset(("addmm", "mm", "matmul_weight"))
+
 
 def declared_capabilities(
     is_per_channel: bool = False,
@@ -25,7 +28,8 @@ def declared_capabilities(
     ``get_symmetric_quantization_config(...)`` with these arguments annotates
     (conformance-tested): int8 per-tensor affine activations, int8 symmetric weights
     (per-tensor, or per-channel with ``is_per_channel``: output channels, axis 0 for conv
-    and linear, axis 1 for conv_transpose), float bias; static and QAT outputs get their own
+    and linear, axis 1 for conv_transpose and for the [in, out] weight of addmm / mm /
+    matmul_weight), float bias; static and QAT outputs get their own
     qparams, dynamic outputs stay float. Dynamic conv applies only to 4-D, non-depthwise
     weights (a note on the capability; the kit probes a 4-D conv). ``act_granularity=
     "per_token"`` (dynamic only): activations quantized per token at run time.
@@ -35,7 +39,7 @@ def declared_capabilities(
     def weight(rule: Rule) -> TensorQuant:
         if not is_per_channel:
             return TensorQuant("int8", weight_qmin, weight_qmax, "per_tensor", symmetric=True)
-        axis = 1 if rule.pattern.startswith("conv_transpose") else 0
+        axis = 1 if rule.pattern.startswith("conv_transpose") or rule.pattern in _IN_OUT_WEIGHTS else 0
         return TensorQuant("int8", weight_qmin, weight_qmax, "per_channel", symmetric=True, ch_axis=axis)
 
     mode = Mode.DYNAMIC if is_dynamic else Mode.QAT if is_qat else Mode.STATIC

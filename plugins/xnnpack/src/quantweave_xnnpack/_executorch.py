@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from quantweave.authoring import products_as_linears
+
 from . import _accept
 
 __all__ = [
@@ -148,6 +150,8 @@ def lower_to_edge(
     the error raised when ExecuTorch is missing."""
     exir = import_executorch("executorch.exir", caller=caller)
     import_executorch("executorch.backends.xnnpack.partition.xnnpack_partitioner", caller=caller)
+    if isinstance(model, torch.fx.GraphModule):
+        model = products_as_linears(model)  # addmm / mm / matmul of an [in, out] int8 weight as linear
     exported = torch.export.export(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
     # the partitioner keeps out what the XNNPACK runtime would refuse at load (_accept.REFUSALS)
     kwargs: dict[str, Any] = {"partitioner": [_accept.xnnpack_partitioner(partitioner_options)]}

@@ -24,6 +24,7 @@ from quantweave.plugin_api import Mode
 
 from . import _patterns as p
 from ._graph import ADD, CAT, CONV, CONV_T, LINEAR, MUL, POOL
+from ._matmul import WEIGHT_MATMULS, find_weight_matmul
 from ._share import no_quantized_input
 
 __all__ = ["MATCHERS", "TABLE", "Matcher", "steps_for"]
@@ -47,6 +48,7 @@ _CONV_T_BN_RELU = Matcher("conv_transpose_bn_relu", CONV_T, lambda gm: p.find_co
 _CONV_T_BN = Matcher("conv_transpose_bn", CONV_T, lambda gm: p.find_conv_bn(gm, False, True))
 _LINEAR_RELU = Matcher("linear_relu", LINEAR, p.find_linear_relu)
 _LINEAR = Matcher("linear", LINEAR, p.find_linear)
+_WEIGHT_MATMUL = Matcher("weight_matmul", WEIGHT_MATMULS, find_weight_matmul)
 _CONV = Matcher("conv", CONV, lambda gm: p.find_conv(gm, False))
 _CONV_T = Matcher("conv_transpose", CONV_T, lambda gm: p.find_conv(gm, True))
 _CONV_RELU = Matcher("conv_relu", CONV, lambda gm: p.find_conv_relu(gm, False))
@@ -66,6 +68,7 @@ MATCHERS: tuple[Matcher, ...] = (
     _CONV_T_BN,
     _LINEAR_RELU,
     _LINEAR,
+    _WEIGHT_MATMUL,
     _CONV,
     _CONV_T,
     _CONV_RELU,
@@ -120,6 +123,9 @@ TABLE = RuleTable(
         _weighted("conv_transpose2d_relu", _CONV_T_RELU, fused=True),
         _weighted("linear", _LINEAR, _ALL),
         _weighted("linear_relu", _LINEAR_RELU, fused=True),
+        _weighted("addmm", _WEIGHT_MATMUL, _ALL),  # weight stored [in, out] (GPT-2's Conv1D)
+        _weighted("mm", _WEIGHT_MATMUL, _ALL, bias=None),
+        _weighted("matmul_weight", _WEIGHT_MATMUL, _ALL, bias=None),
         _own("add", _ADD),
         _own("add_relu", _ADD_RELU, fused=True),
         _own("mul", _MUL),

@@ -1,0 +1,95 @@
+"""In-place ops as their functional forms, on the working copy ``prepare_pt2e`` annotates.
+
+``torch.export`` keeps in-place ops: ``out += identity`` exports as ``aten.add_.Tensor``,
+``nn.ReLU(inplace=True)`` as ``aten.relu_.default``. Quantizers match the functional ops
+(``aten.add.Tensor``), so before annotation :func:`functionalize_in_place` rewrites each
+in-place op whose write nobody else can see into its functional op (same node, same name,
+same metadata; the caller's graph is a different graph and is left as it was).
+
+A write is invisible, and the rewrite exact, when the written tensor:
+
+- is computed by the graph (not an input, a parameter or a buffer: writing those is what
+  the program does to its caller's tensors);
+- aliases nothing (its producer returns a fresh tensor, not a view or an in-place result
+  left in place);
+- has no view taken of it before the write (the view would see the new value).
+
+Readers of the written tensor after the in-place op then read the op's result instead,
+which is the value they saw before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.fx import GraphModule, Node
+
+__all__ = ["functional_overload", "functionalize_in_place"]
+
+
+def _schema(node: Node) -> Any:
+    return getattr(node.target, "_schema", None) if node.op == "call_function" else None
+
+
+def _returns_alias(node: Node) -> bool:
+    """True when ``node``'s output may alias one of its inputs (a view, an in-place result)."""
+    if node.op != "call_function":
+        return True
+    schema = _schema(node)
+    if schema is None:
+        return True  # a Python callable (getitem, operator.*): unknown, assume it may
+    return any(ret.alias_info is not None for ret in schema.returns)
+
+
+def functional_overload(target: Any) -> Any | None:
+    """The functional aten overload of an in-place aten op that writes only its first
+    argument (``aten.add_.Tensor`` -> ``aten.add.Tensor``), or None."""
+    schema = getattr(target, "_schema", None)
+    if schema is None or not schema.name.startswith("aten::") or not schema.arguments:
+        return None
+    name = schema.name.split("::", 1)[1]
+    if not name.endswith("_") or name.startswith("_"):
+        return None
+    written = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    if len(written) != 1 or written[0] is not schema.arguments[0]:
+        return None
+    packet = getattr(torch.ops.aten, name[:-1], None)
+    overload = getattr(packet, schema.overload_name or "default", None)
+    functional = getattr(overload, "_schema", None)
+    if functional is None:
+        return None
+    same_arguments = [(a.name, str(a.type)) for a in functional.arguments] == [
+        (a.name, str(a.type)) for a in schema.arguments
+    ]
+    if not same_arguments or len(functional.returns) != 1 or functional.returns[0].alias_info is not None:
+        return None
+    return overload
+
+
+def functionalize_in_place(gm: GraphModule) -> int:
+    """Rewrite, in graph order, each in-place op of ``gm`` whose write nobody else sees into
+    its functional op (see the module docstring). Returns how many were rewritten."""
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    rewritten = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or not node.args or not isinstance(node.args[0], Node):
+            continue
+        functional = functional_overload(node.target)
+        if functional is None:
+            continue
+        written = node.args[0]
+        if _returns_alias(written):
+            continue  # an input, a parameter / buffer, a view: the write reaches another tensor
+        here = order[node]
+        others = [user for user in written.users if user is not node]
+        if any(order[user] < here and _returns_alias(user) for user in others):
+            continue  # a view taken before the write sees it
+        node.target = functional
+        for user in others:
+            if order[user] > here:
+                user.replace_input_with(written, node)
+        rewritten += 1
+    if rewritten:
+        gm.recompile()
+    return rewritten

@@ -1,0 +1,54 @@
+"""Linears written as matrix products (GPT-2's ``Conv1D`` as ``addmm``, ``x @ W``): the matcher
+of the rule table's ``addmm`` / ``mm`` / ``matmul_weight`` rows. The weight is stored
+``[in, out]``: per channel, its output channels are axis 1."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from torch.fx import GraphModule, Node
+
+import quantweave as qw
+from quantweave import authoring
+from quantweave.authoring import calls, channel_axis_spec, op_name, weight_matmul
+
+from ._patterns import Match
+
+__all__ = ["NOT_A_WEIGHT_MATMUL", "WEIGHT_MATMULS", "find_weight_matmul"]
+
+WEIGHT_MATMULS = frozenset(authoring.WEIGHT_MATMUL_OPS)
+NOT_A_WEIGHT_MATMUL = (
+    "{op} is quantized for XNNPACK only as a linear: a float32 activation times a constant 2-D weight "
+    "(a parameter or buffer, stored [in, out]), with a constant 1-D bias for addmm; here it is not "
+    "(a product of two activations stays float)"
+)
+
+
+def _float(reason: str) -> Callable[[qw.QuantizationConfig], str | None]:
+    def annotate(config: qw.QuantizationConfig) -> str | None:
+        return reason
+
+    return annotate
+
+
+def find_weight_matmul(gm: GraphModule) -> Iterator[Match]:
+    for node in list(gm.graph.nodes):
+        if not calls(node, WEIGHT_MATMULS):
+            continue
+        found = weight_matmul(node)
+        if found is None:  # said why, in the report
+            yield Match([node], node, _float(NOT_A_WEIGHT_MATMUL.format(op=op_name(node))))
+            continue
+
+        def annotate(
+            config: qw.QuantizationConfig, node: Node = node, found: authoring.WeightMatmul = found
+        ) -> str | None:
+            x, weight, bias = found
+            authoring.annotate_input_qspec_map(node, x, config.input_activation)
+            authoring.annotate_input_qspec_map(node, weight, channel_axis_spec(config.weight))
+            if bias is not None:
+                authoring.annotate_input_qspec_map(node, bias, config.bias)
+            authoring.annotate_output_qspec(node, config.output_activation)
+            return None
+
+        yield Match([node], node, annotate)
