@@ -115,6 +115,21 @@ def test_convs_stay_float_under_a_groupwise_config_with_the_reason():
     assert conv.status == "float" and "group-wise" in conv.reason and "linear only" in conv.reason
 
 
+def test_products_stay_float_under_a_groupwise_config_with_the_reason():
+    """GPT-2's Conv1D (addmm of an [in, out] weight) and ``x @ W``: the groups run along rows of
+    an [out, in] weight, so under 8da4w they stay float, each with a reason naming the op."""
+    from tests.library_style import Conv1D
+
+    model = torch.nn.Sequential(Conv1D(64, 64), torch.nn.Linear(64, 32)).eval()
+    inputs = (torch.randn(2, 5, 64),)
+    prepared, converted = _flow(model, qx.XNNPACKQuantizer().set_global(qx.get_8da4w_config(GROUP)), inputs)
+    rows = {r.op: r for r in qw.annotation_report(prepared).nodes}
+    assert rows["aten.linear.default"].status == "quantized"
+    addmm = rows["aten.addmm.default"]
+    assert addmm.status == "float" and "addmm" in addmm.reason and "group-wise" in addmm.reason
+    assert sqnr(model(*inputs), converted(*inputs)) > 15
+
+
 def test_declares_linear_only_per_group():
     caps = qx.XNNPACKQuantizer().set_global(qx.get_8da4w_config(64)).quantization_capabilities()
     assert [c.pattern for c in caps] == ["linear"]
