@@ -17,12 +17,18 @@ weight (table) reaches it through a dequantize. SQNR (dB) is against the float m
 output on the example inputs: ``sqnr`` of the converted (reference q/dq) model, for ours and
 the peer's alike, and ``runtime_sqnr`` of our lowered program's output. A peer that raises
 is recorded with its error (``peer_error``), as is a program of ours that does not lower,
-load or run (``error``).
+load or run (``error``). With ``QUANTWEAVE_ZOO_LOG=PATH`` each measurement is appended to PATH
+as a line of JSON (with the seconds it took): ``python -m tests.zoo.table --from PATH ...``
+renders the table of one or several runs (e.g. the zoo's tests split over processes).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
+import os
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -205,6 +211,7 @@ def measure(name: str, plugin: str) -> Measurement:
     """Ours and the peer's numbers for ``name`` through ``plugin`` (cached: computed once a run)."""
     from torchao.quantization.pt2e import quantize_pt2e as ao
 
+    start = time.perf_counter()
     zoo = zoo_model(name)
     with torch.no_grad():
         reference = zoo.model(*zoo.inputs)
@@ -229,4 +236,22 @@ def measure(name: str, plugin: str) -> Measurement:
     except Exception as error:  # the peer failing is a finding, not a failure of ours
         result["peer_error"] = _short(error)
     result.pop("traceback", None)
-    return Measurement(name, plugin, **result)
+    measurement = Measurement(name, plugin, **result)
+    log = os.environ.get("QUANTWEAVE_ZOO_LOG")
+    if log:
+        with open(log, "a") as f:
+            seconds = round(time.perf_counter() - start, 1)
+            f.write(json.dumps({**dataclasses.asdict(measurement), "seconds": seconds}) + "\n")
+    return measurement
+
+
+def from_log(paths: list[str]) -> dict[tuple[str, str], Measurement]:
+    """The measurements QUANTWEAVE_ZOO_LOG files recorded (the last one of a case wins)."""
+    fields = {f.name for f in dataclasses.fields(Measurement)}
+    out = {}
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                record = {k: v for k, v in json.loads(line).items() if k in fields}
+                out[(record["model"], record["plugin"])] = Measurement(**record)
+    return out

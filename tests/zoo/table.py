@@ -3,6 +3,7 @@
     python -m tests.zoo.table            # measure everything, write docs/zoo.md
     python -m tests.zoo.table --check    # measure, exit 1 if docs/zoo.md disagrees
     python -m tests.zoo.table --out PATH # write elsewhere
+    python -m tests.zoo.table --from LOG [LOG ...]  # render what QUANTWEAVE_ZOO_LOG files recorded
 
 (with the plugins and ExecuTorch / torchao / transformers installed as ``tox -e zoo`` installs
 them; ``OMP_NUM_THREADS=1``). The tox env ``zoo`` measures once, in its tests
@@ -18,7 +19,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from .measure import CASES, Measurement, measure
+from .measure import CASES, Measurement, from_log, measure
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "zoo.md"
 COMMAND = "OMP_NUM_THREADS=1 python -m tests.zoo.table"
@@ -114,8 +115,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.zoo.table", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if docs/zoo.md disagrees with a fresh run")
     parser.add_argument("--out", type=Path, default=DOC, help="where to write the table (default docs/zoo.md)")
+    parser.add_argument("--from", dest="logs", nargs="+", help="render these QUANTWEAVE_ZOO_LOG files, no measuring")
     args = parser.parse_args(argv)
-    text = render(measure(m, p) for m, p in CASES)
+    if args.logs:
+        logged = from_log(args.logs)
+        missing = [case for case in CASES if case not in logged]
+        if missing:
+            parser.error(f"the logs have no measurement of {missing}")
+        text = render(logged[case] for case in CASES)
+    else:
+        text = render(measure(m, p) for m, p in CASES)
     if args.check:
         problems = differences(text, DOC.read_text())
         print("\n".join(problems) or f"{DOC} agrees with this run")
