@@ -54,10 +54,11 @@ def test_program_lowers_loads_and_runs(model, plugin):
 def test_coverage_at_least_the_peers(model, plugin):
     m = measure(model, plugin)
     assert m.error is None or m.weighted, f"{model} through {plugin}: {m.error}"
+    # counts of quantized ops: the totals may differ (a peer's convert may leave a constant
+    # lookup, such as Whisper's position table, that ours folds)
     if m.peer_error is not None:  # the peer failed: nothing to be below, but ours must quantize
         assert m.quantized > 0, f"{model} through {plugin}: coverage {m.coverage}; peer: {m.peer_error}"
         return
-    assert m.weighted == m.peer_weighted, f"{model}: {m.weighted} weighted ops, the peer's graph {m.peer_weighted}"
     assert m.quantized >= m.peer_quantized, f"{model} through {plugin}: ours {m.coverage}, peer {m.peer_coverage}"
 
 
