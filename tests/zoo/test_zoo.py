@@ -54,8 +54,8 @@ def test_program_lowers_loads_and_runs(model, plugin):
 def test_coverage_at_least_the_peers(model, plugin):
     m = measure(model, plugin)
     assert m.error is None or m.weighted, f"{model} through {plugin}: {m.error}"
-    # counts of quantized ops: the totals may differ (a peer's convert may leave a constant
-    # lookup, such as Whisper's position table, that ours folds)
+    # held on the quantized counts: the totals of the two converted graphs may differ (measured:
+    # Whisper's encoder through xnnpack, 14 weighted ops in ours, 15 in the peer's)
     if m.peer_error is not None:  # the peer failed: nothing to be below, but ours must quantize
         assert m.quantized > 0, f"{model} through {plugin}: coverage {m.coverage}; peer: {m.peer_error}"
         return
