@@ -4,6 +4,7 @@
     python -m tests.zoo.table --check    # measure, exit 1 if docs/zoo.md disagrees
     python -m tests.zoo.table --out PATH # write elsewhere
     python -m tests.zoo.table --from LOG [LOG ...]  # render what QUANTWEAVE_ZOO_LOG files recorded
+        [--allow-missing]                           # (cases they lack: "not measured")
 
 (with the plugins and ExecuTorch / torchao / transformers installed as ``tox -e zoo`` installs
 them; ``OMP_NUM_THREADS=1``). The tox env ``zoo`` measures once, in its tests
@@ -116,13 +117,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if docs/zoo.md disagrees with a fresh run")
     parser.add_argument("--out", type=Path, default=DOC, help="where to write the table (default docs/zoo.md)")
     parser.add_argument("--from", dest="logs", nargs="+", help="render these QUANTWEAVE_ZOO_LOG files, no measuring")
+    parser.add_argument(
+        "--allow-missing", action="store_true", help="with --from: rows the logs lack say 'not measured'"
+    )
     args = parser.parse_args(argv)
     if args.logs:
         logged = from_log(args.logs)
         missing = [case for case in CASES if case not in logged]
-        if missing:
+        if missing and not args.allow_missing:
             parser.error(f"the logs have no measurement of {missing}")
-        text = render(logged[case] for case in CASES)
+        text = render(logged.get(case, Measurement(*case, error="not measured")) for case in CASES)
     else:
         text = render(measure(m, p) for m, p in CASES)
     if args.check:
