@@ -63,6 +63,8 @@ def _db(value: float | None) -> str:
 
 
 def row(m: Measurement) -> str:
+    if m.error == "not measured":
+        return f"| {m.model} | {m.plugin} | - | - | - | - | - | - | not measured in this run |"
     notes = []
     if m.error:
         notes.append(f"ours: {m.error}")
