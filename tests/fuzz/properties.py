@@ -32,6 +32,7 @@ from .flow import (
     flat_outputs,
     functional_name,
     inputs_unchanged,
+    manager,
     members,
     names_something,
     occurrences,
@@ -233,13 +234,19 @@ def sqnr_gap(flow: Flow, case: Case) -> str | None:
     return None
 
 
+def cap_ops(cap: Any) -> tuple[str, ...]:
+    """A capability's op chain; a pattern a plugin contributes (onnxruntime's split, resize)
+    is declared with no ops of its own: its ops come from the vocabulary the plugins load."""
+    return tuple(cap.ops) or manager().vocabulary().ops(cap.pattern)
+
+
 def _declared_ops(quantizer: qw.Quantizer) -> dict[str, list[tuple[str, Any]]]:
     """op -> [(member label, capability)] over the members' declarations (every mode: a
     composition may mix modes, e.g. static ops with weight-only embedding tables)."""
     out: dict[str, list[tuple[str, Any]]] = {}
     for label, member in members(quantizer):
         for cap in member.quantization_capabilities():
-            for op in cap.ops:
+            for op in cap_ops(cap):
                 out.setdefault(op, []).append((label, cap))
     return out
 
@@ -284,7 +291,7 @@ def declaration_problems(flow: Flow, case: Case) -> list[str]:
     for label, member in members(flow.quantizer):
         nodes = covered.setdefault(label, set())  # nested compositions may repeat a label
         for cap in member.quantization_capabilities():
-            nodes.update(n for occ in occurrences(gm, cap.ops, functional=True) for n in occ)
+            nodes.update(n for occ in occurrences(gm, cap_ops(cap), functional=True) for n in occ)
     problems = []
     default = members(flow.quantizer)[0][0]
     for node in gm.graph.nodes:
