@@ -94,6 +94,10 @@ def test_an_in_place_op_whose_write_is_seen_stays_in_place(model):
     y = [t.clone() for t in inputs]
     torch.testing.assert_close(prepared(*x), model(*y))
     torch.testing.assert_close(x, y)  # the input written by both alike
+    # no quantizer matched it: prepare says why it stays float, naming the op and what it writes
+    reason = {r.node: r for r in qw.annotation_report(prepared, Adds()).nodes}["add_"].reason
+    written = add_.args[0].name
+    assert "aten.add_.Tensor" in reason and f"'{written}'" in reason and "out of place" in reason
 
 
 def test_the_kit_checks_an_in_place_pattern_as_the_functional_one():

@@ -23,7 +23,7 @@ from torch.fx import GraphModule, Node
 from ._modules.bn_fold import fold_batch_norm
 from ._modules.explained_guards import explain_guards
 from ._modules.foreign import PT2E_HOOKS, check_observers, translate_annotations
-from ._modules.functionalize import functionalize_in_place
+from ._modules.functionalize import explain_left_in_place, functionalize_in_place
 from ._modules.graph import (
     check_graph_module,
     copy_graph_module,
@@ -120,6 +120,7 @@ def _prepare(model: GraphModule, quantizer: Quantizer, is_qat: bool) -> GraphMod
     _hook(quantizer, "annotate", api, gm)
     _hook(quantizer, "validate", api, gm)
     translate_annotations(gm.graph, lambda node: _label(node, quantizer))  # torchao's classes -> ours
+    explain_left_in_place(gm)  # an in-place op whose write is seen elsewhere: why no one quantized it
     if is_qat:
         simulate_conv_bn(gm)
     specs = collect_specs(gm.graph)

@@ -25,7 +25,9 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
-__all__ = ["functional_overload", "functionalize_in_place"]
+from ..annotation import SKIP_REASON_KEY, is_annotated, set_skip_reason
+
+__all__ = ["explain_left_in_place", "functional_overload", "functionalize_in_place"]
 
 
 def _schema(node: Node) -> Any:
@@ -93,3 +95,26 @@ def functionalize_in_place(gm: GraphModule) -> int:
     if rewritten:
         gm.recompile()
     return rewritten
+
+
+def explain_left_in_place(gm: GraphModule) -> int:
+    """After annotation: record why each in-place op that :func:`functionalize_in_place` left
+    in place (its write is seen elsewhere) stays float, where no quantizer annotated it or gave
+    a reason (a quantizer that matches only functional ops never sees it). Returns how many."""
+    count = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or is_annotated(node) or isinstance(node.meta.get(SKIP_REASON_KEY), str):
+            continue
+        functional = functional_overload(node.target)
+        if functional is None:
+            continue
+        written = node.args[0] if node.args else None
+        what = f"'{written.name}'" if isinstance(written, Node) else "its first argument"
+        set_skip_reason(
+            node,
+            f"{node.target} stays in place: it writes {what}, which is seen elsewhere (a model input, a "
+            f"parameter or buffer, or a view of it), so it is not rewritten as {functional} and no quantizer "
+            "matched it; write it out of place (x = x + y, not x += y) to have it quantized",
+        )
+        count += 1
+    return count
