@@ -104,6 +104,22 @@ def test_add_with_a_scalar_operand_stays_float_and_says_why():
     assert "both operands are float32 tensors" in add.meta[qw.SKIP_REASON_KEY]
 
 
+def test_a_relu_not_fused_into_the_op_before_it_stays_float_and_says_why():
+    """litert quantizes relu only as the fused activation of conv2d / linear / add (found by the
+    fuzz tests: a relu after a chunk was left float with no reason)."""
+
+    def forward(m, x):
+        a, b = x.chunk(2, dim=-1)
+        return torch.relu(a) + b
+
+    exported = torch.export.export(_M(forward).eval(), (torch.randn(2, 8),)).module()
+    prepared = qw.prepare_pt2e(exported, LiteRTQuantizer())
+    relu = next(n for n in prepared.graph.nodes if n.target == aten.relu.default)
+    assert not qw.is_annotated(relu)
+    reason = relu.meta[qw.SKIP_REASON_KEY]
+    assert "relu" in reason and "conv2d_relu" in reason and f"'{relu.args[0].name}'" in reason
+
+
 def test_dynamic_range_mode_quantizes_only_linear_weights():
     model = _M(lambda m, x: m.fc2(F.relu(m.fc1(x))), fc1=torch.nn.Linear(8, 16), fc2=torch.nn.Linear(16, 4))
     gm = converted(model, torch.randn(2, 8), quantizer=LiteRTQuantizer(is_dynamic=True))

@@ -37,6 +37,7 @@ from quantweave.authoring import (
     annotate_input_qspec_map,
     annotate_output_qspec,
     calls,
+    explain_float,
     is_float_tensor,
     only_user,
     weight_observer,
@@ -154,6 +155,7 @@ class LiteRTQuantizer(qw.Quantizer):
                     self._annotate_node(node)
         finally:
             self._quantized = set()  # hold no reference to the graph
+        explain_float(model, ["aten.relu.default"], _lone_relu_reason)
         return model
 
     def _annotate_node(self, node: Node) -> None:
@@ -251,6 +253,17 @@ class LiteRTQuantizer(qw.Quantizer):
 
 
 # -- the rule tables: declaration and annotation steps from the same rows ---------------------------
+
+
+def _lone_relu_reason(node: Node) -> str:
+    producer = node.args[0] if node.args and isinstance(node.args[0], Node) else None
+    after = f"its input '{producer.name}' ({producer.target})" if producer is not None else "its input"
+    return (
+        "litert: relu is quantized only fused into the conv2d / linear / add before it (the TFLite "
+        f"converter's fused activation, patterns conv2d_relu / linear_relu / add_relu); {after} is not one "
+        "of those, or has other users"
+    )
+
 
 _Step = Callable[[LiteRTQuantizer, Node], None]
 _weighted, _binary, _cat = LiteRTQuantizer._weighted, LiteRTQuantizer._binary, LiteRTQuantizer._cat
