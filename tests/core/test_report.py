@@ -152,4 +152,35 @@ def test_a_declared_op_left_float_without_a_reason_is_said_so():
     assert row.reason == "declared by silent (linear) but left float; silent gave no reason"
 
 
+class FusedOnly(Weighted):
+    """Declares relu only inside conv2d_relu (the fused activation) and annotates nothing."""
+
+    def annotate(self, model):
+        return model
+
+    def quantization_capabilities(self):
+        return (qw.Capability("conv2d_relu", "static", qw.TensorQuant("uint8", 0, 255)),)
+
+
+class LoneRelu(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x)), torch.relu(x * 2)
+
+
+def test_an_op_declared_only_inside_a_chain_that_does_not_occur_is_not_applicable():
+    """relu declared only as conv2d_relu's activation, after a mul: no occurrence of the chain,
+    so the report says so (naming the chain and the producer) instead of 'unexplained'; inside
+    an occurrence the quantizer still owes a reason."""
+    quantizer = FusedOnly("fused", aten.conv2d.default)
+    prepared = qw.prepare_pt2e(export(LoneRelu(), torch.randn(1, 3, 8, 8)), quantizer)
+    rows = {r.node: r for r in annotation_report(prepared, quantizer).nodes}
+    assert (rows["relu_1"].status, rows["relu_1"].kind) == ("float", "not_applicable")
+    assert "conv2d_relu (fused)" in rows["relu_1"].reason and "mul" in rows["relu_1"].reason
+    assert rows["relu"].kind == "unexplained"  # after the conv: the chain occurs
+
+
 # -- reasons against the capability table (x86, and compositions with it) -----------------------

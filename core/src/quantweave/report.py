@@ -415,6 +415,21 @@ def _shadowed(node: Node, graph: _Graph, considered: _Considered, default: str |
     return None
 
 
+def _outside_its_chains(node: Node, graph: _Graph, declared: list[tuple[str, Any]]) -> str | None:
+    """Why a float node needs no reason of its quantizers: its op is declared only inside
+    chains of several ops (relu6 inside conv2d_relu6, the fused activation) and the node is in
+    no occurrence of any of them. None when some declaration is of the op alone, or the node
+    is in an occurrence (then a float node is the quantizer's to explain)."""
+    if not declared or any(len(tuple(cap.ops)) < 2 for _, cap in declared):
+        return None
+    if any(node in occurrence for _, cap in declared for occurrence in graph.occurrences(tuple(cap.ops))):
+        return None
+    chains = ", ".join(dict.fromkeys(f"{cap.pattern} ({label})" for label, cap in declared))
+    producer = graph.producer(node)
+    after = f"; it follows {producer.name} ({_short(producer)})" if producer is not None else ""
+    return f"{_short(node)} is declared only inside {chains}, and this node is in no occurrence of them{after}"
+
+
 def _short(node: Node) -> str:
     parts = str(node.target).split(".")
     return parts[1] if len(parts) == 3 else str(node.target)
@@ -437,6 +452,9 @@ def _float_reason(
         return "not_applicable", f"declared by {considered.declarers(op)} but not applicable here: {reason}"
     if isinstance(reason, str):
         return "skipped", reason
+    outside = _outside_its_chains(node, graph, declared or [])
+    if outside is not None:
+        return "not_applicable", outside
     if declared:
         who = " and ".join(dict.fromkeys(label for label, _ in declared))
         return "unexplained", f"declared by {considered.declarers(op)} but left float; {who} gave no reason"
