@@ -401,3 +401,24 @@ def test_the_symmetric_default_observer_is_minmax_and_histogram_stays_available(
     assert ORTQuantizer().observer == "histogram"
     explicit = ORTQuantizer(activation_dtype="int8", symmetric_activations=True, observer="histogram")
     assert explicit.observer == "histogram"
+
+
+class _ConvReluAndMore(torch.nn.Module):
+    """A conv whose output feeds a relu and a mean: the relu is not the conv's only user."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(2, 4, 1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return torch.relu(y) * y.mean(-1, keepdim=True)
+
+
+def test_a_relu_not_folded_into_the_op_before_it_says_why():
+    """Found by the fuzz tests: the relu was left float with no reason (report: 'unexplained')."""
+    _, gm = annotate(_ConvReluAndMore(), torch.randn(2, 2, 7))
+    relu = next(n for n in gm.graph.nodes if n.target == aten.relu.default)
+    assert not qw.is_annotated(relu)
+    reason = relu.meta[qw.SKIP_REASON_KEY]
+    assert "relu" in reason and f"'{relu.args[0].name}'" in reason and "only user" in reason

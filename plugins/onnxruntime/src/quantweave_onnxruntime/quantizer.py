@@ -575,6 +575,14 @@ def _explain_float(model: GraphModule) -> None:
             reason = f"{op}: its input is not a float32 tensor"
         elif node.target in _SHARED + _AVERAGING + _SPLIT:
             reason = f"{op}: its input is not quantized (ORT runs it on int8 data only after a quantized producer)"
+        elif node.target in _RELU + _CLIP:
+            producer = node.args[0] if node.args and isinstance(node.args[0], Node) else None
+            where = f"'{producer.name}'" if producer is not None else "its input"
+            reason = (
+                f"{op}: folded only into the output range of the conv / linear / add before it, when it is that "
+                f"op's only user (ORT drops a relu / clip in front of a QuantizeLinear); {where} is not such an op, "
+                "is not quantized, or has other users"
+            )
         else:
             continue
         set_skip_reason(node, reason)
