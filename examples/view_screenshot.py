@@ -207,7 +207,9 @@ def serving(
         stderr=subprocess.STDOUT,
         text=True,
         cwd=cwd,
-        env={**os.environ, "BROWSER": "false", "no_proxy": "*"},
+        # unbuffered: the URL line must reach us while the server runs (a pipe is block-buffered; tox does not
+        # pass PYTHONUNBUFFERED on)
+        env={**os.environ, "BROWSER": "false", "no_proxy": "*", "PYTHONUNBUFFERED": "1"},
     )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(process.stdout or ()), daemon=True)
