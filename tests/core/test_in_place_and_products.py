@@ -12,12 +12,15 @@ from quantweave.authoring import Rule, RuleTable
 from quantweave.observers import MinMaxObserver, PerChannelMinMaxObserver
 from quantweave.plugin_api import Capability, Mode, Quant, QuantizerInfo, TensorQuant, is_annotated, mark_annotated
 from quantweave.testing.conformance import check_capability
+from quantweave.testing.reference import weight_spec
 from quantweave.vocabulary import PatternSpec
 from tests.helpers import Snapshot, export
 
 aten = torch.ops.aten
 ACT = qw.QuantizationSpec(dtype=torch.uint8, observer_or_fake_quant_ctr=MinMaxObserver)
 ACT_TQ = TensorQuant("uint8", 0, 255, "per_tensor", symmetric=False)
+#: int8 [-127, 127] per output channel (axis 0 of a linear's [out, in] weight)
+WEIGHT = weight_spec(qw, PerChannelMinMaxObserver, narrow=True)
 
 
 class Adds(qw.Quantizer):
@@ -171,14 +174,7 @@ class AsLinear(qw.Quantizer):
     name = "aslinear"
 
     def annotate(self, model):
-        weight = qw.QuantizationSpec(
-            dtype=torch.int8,
-            quant_min=-127,
-            quant_max=127,
-            qscheme=torch.per_channel_symmetric,
-            ch_axis=authoring.WEIGHT_AXIS,
-            observer_or_fake_quant_ctr=PerChannelMinMaxObserver,
-        )
+        weight = authoring.channel_axis_spec(WEIGHT)  # [in, out]: output channels on axis 1
         for node in model.graph.nodes:
             found = authoring.weight_matmul(node)
             if found is not None:
@@ -229,14 +225,7 @@ class Linears(qw.Quantizer):
     name = "linears"
 
     def annotate(self, model):
-        weight = qw.QuantizationSpec(
-            dtype=torch.int8,
-            quant_min=-127,
-            quant_max=127,
-            qscheme=torch.per_channel_symmetric,
-            ch_axis=0,
-            observer_or_fake_quant_ctr=PerChannelMinMaxObserver,
-        )
+        weight = WEIGHT
         for node in model.graph.nodes:
             if authoring.calls(node, aten.linear.default):
                 authoring.annotate_input_qspec_map(node, node.args[0], ACT)

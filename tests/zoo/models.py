@@ -167,33 +167,29 @@ def gpt2() -> ZooModel:
     return _language("gpt2", GPT2LMHeadModel(config), "logits")
 
 
+#: the decoder size Llama and Qwen2 share (grouped-query attention: 2 heads, 1 key/value head)
+DECODER = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    max_position_embeddings=64,
+)
+
+
 def llama() -> ZooModel:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-    )
+    config = LlamaConfig(**DECODER)
     return _language("llama", LlamaForCausalLM(config), "logits")
 
 
 def qwen2() -> ZooModel:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-    )
+    config = Qwen2Config(**DECODER)
     return _language("qwen2", Qwen2ForCausalLM(config), "logits")
 
 
