@@ -23,7 +23,6 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
-from ._modules.chunked_quantize import quantize_constant
 from ._modules.convert_rules import (
     convert_hook,
     fold_constant_quantizes,
@@ -44,6 +43,7 @@ from ._modules.graph import (
     rebuild,
     set_attr_value,
 )
+from ._modules.group_quantize import quantize_weight
 from ._modules.misuse import warn_no_observers
 from ._modules.observer_calls import observer_calls
 from ._modules.per_token import PER_TOKEN_ATTR
@@ -333,7 +333,7 @@ def _replace_observer(
         if fold:
             values = torch.fx.node.map_arg(q_args, lambda n: evaluate_constant(gm, n, constant_values))
             with torch.no_grad():
-                qvalue = quantize_constant(q_op, evaluate_constant(gm, source, constant_values), values)
+                qvalue = quantize_weight(q_op, evaluate_constant(gm, source, constant_values), values)
             q_name = new_attr_name(gm, "_frozen_param")
             gm.register_buffer(q_name, qvalue)
             quant = graph.get_attr(q_name)

@@ -1,0 +1,95 @@
+"""Quantize a group-wise weight (``quantize_per_channel_group``) in fewer passes, same integers.
+
+``quantized_decomposed.quantize_per_channel_group`` makes six passes over a weight, each
+allocating a float32 temporary of its size: a NaN check (``isnan(x).sum()``, the slowest
+of them), ``x * (1 / scale)``, ``+ zero_point``, ``round``, ``clamp`` and the cast. Convert
+quantizes the large weights of an LLM this way (8da4w linears, 4-bit tables), and these
+passes were most of its time (issue 25). :func:`quantize_weight` computes the same
+arithmetic on blocks of rows (the temporaries are those of one block, as
+:mod:`.chunked_quantize`'s), in place on one temporary per block:
+
+- the same expressions in the same order on the same values: ``x.mul(1.0 / scales)``
+  (float32), ``+ zero_points``, round half to even, clamp, cast: every integer is the op's
+  (``tests/core/test_group_quantize.py`` compares them, NaN and ties included);
+- the NaN check is a sum per block (NaN in, NaN out), and ``isnan`` only when that sum is
+  NaN: the op's ``AssertionError`` for a NaN, with its message;
+- ``+ zero_points`` is skipped when every zero point is 0 (symmetric groups): ``x + 0`` is
+  ``x`` but for the sign of a zero, which no integer keeps.
+
+Anything else (other ops, dtypes, layouts, weights of one block or less) goes to
+:func:`.chunked_quantize.quantize_constant` as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import chunked_quantize
+from .torch_compat import quantized_decomposed_ops
+
+__all__ = ["quantize_groups", "quantize_weight"]
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+_INTEGERS = (torch.int8, torch.uint8, torch.int16, torch.int32)
+_ZERO_POINTS = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+
+
+def quantize_weight(q_op: Any, value: Any, args: tuple[Any, ...]) -> Any:
+    """``q_op(value, *args)`` (a quantize op convert emits, its qparams evaluated), computed
+    by :func:`quantize_groups` where it applies, else by ``quantize_constant``."""
+    block_elements = chunked_quantize.BLOCK_ELEMENTS
+    if q_op == quantized_decomposed_ops().quantize_per_channel_group.default:
+        result = quantize_groups(value, args, block_elements)
+        if result is not None:
+            return result
+    return chunked_quantize.quantize_constant(q_op, value, args, block_elements)
+
+
+def quantize_groups(value: Any, args: tuple[Any, ...], block_elements: int) -> torch.Tensor | None:
+    """``quantize_per_channel_group(value, *args)`` for a 2-D float weight of more than
+    ``block_elements`` elements with float32 scales and integer zero points, one per group;
+    None for anything else (the caller computes it with the op)."""
+    if len(args) != 6 or not isinstance(value, torch.Tensor):
+        return None
+    scales, zero_points, quant_min, quant_max, dtype, group_size = args
+    if not (
+        isinstance(scales, torch.Tensor)
+        and isinstance(zero_points, torch.Tensor)
+        and isinstance(group_size, int)
+        and isinstance(quant_min, int)
+        and isinstance(quant_max, int)
+        and value.dim() == 2
+        and value.dtype in _FLOATS
+        and value.numel() > block_elements
+        and group_size > 1
+        and value.shape[1] % group_size == 0
+        and scales.dtype == torch.float32
+        and zero_points.dtype in _ZERO_POINTS
+        and dtype in _INTEGERS
+        and scales.device == value.device == zero_points.device
+    ):
+        return None
+    rows, columns = value.shape
+    groups = rows * (columns // group_size)
+    if scales.numel() != groups or zero_points.numel() != groups:
+        return None
+    inverse = 1.0 / scales.reshape(-1, 1)  # the op's expression: the same float32 values
+    offsets = None if not bool(zero_points.any()) else zero_points.reshape(-1, 1)
+    per_row = columns // group_size
+    step = max(1, block_elements // columns)
+    out = torch.empty(value.shape, dtype=dtype, device=value.device)
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+        block = value[start:stop].reshape(-1, group_size)
+        if torch.isnan(block.sum()) and bool(torch.isnan(block).any()):
+            raise AssertionError("to_quant must not contain NaNs")  # the op's error
+        first, last = start * per_row, stop * per_row
+        work = block.mul(inverse[first:last])
+        if offsets is not None:
+            work.add_(offsets[first:last])
+        work.round_()
+        work.clamp_(quant_min, quant_max)
+        out[start:stop].copy_(work.reshape(stop - start, columns))
+    return out

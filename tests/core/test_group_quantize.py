@@ -1,0 +1,149 @@
+"""Group-wise weights quantized in fewer passes (``_modules/group_quantize``, issue 25): every
+integer is ``quantize_per_channel_group``'s, for the inputs convert gives it and the awkward
+ones (ties, values beyond the range, infinities, signed zeros, zero points, every float
+dtype); a NaN raises the op's error; what it does not handle goes to the op; and a model
+converted through it stores what the op stores."""
+
+import pytest
+import torch
+
+import quantweave as qw
+from quantweave._modules import chunked_quantize
+from quantweave._modules.group_quantize import quantize_groups, quantize_weight
+from quantweave.authoring import annotate_input_qspec_map, dequantize_ops
+from quantweave.observers import PerGroupMinMaxObserver
+from quantweave.plugin_api import mark_annotated
+from tests.helpers import export
+
+dequantize_ops()  # registers torch.ops.quantized_decomposed
+qd = torch.ops.quantized_decomposed
+OP = qd.quantize_per_channel_group.default
+
+
+def _weight(dtype, rows=37, columns=64, group=16):
+    torch.manual_seed(0)
+    scales = torch.rand(rows, columns // group) * 0.1 + 0.01
+    w = torch.randn(rows, columns) * 0.4
+    scales[0] = 2.0**-5  # exact ties: (k + 0.5) steps of a power of two, both signs
+    w[0, :24] = (torch.arange(-12, 12).float() + 0.5) * 2.0**-5
+    w[1, 0], w[1, 1], w[1, 2], w[1, 3] = 0.0, -0.0, float("inf"), float("-inf")  # signed zeros, infinities
+    w[2] *= 50  # far beyond the range: clamped
+    return w.to(dtype), scales
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("zero_points", ["zeros", "int32", "int64"])
+@pytest.mark.parametrize("flat", [False, True])
+def test_the_integers_are_the_ops(dtype, zero_points, flat):
+    w, scales = _weight(dtype)
+    zp = {
+        "zeros": torch.zeros(scales.shape, dtype=torch.int32),
+        "int32": torch.randint(-4, 4, scales.shape, dtype=torch.int32),
+        "int64": torch.randint(-4, 4, scales.shape, dtype=torch.int64),
+    }[zero_points]
+    if flat:
+        scales, zp = scales.reshape(-1), zp.reshape(-1)
+    for quant_min, quant_max, out_dtype in [(-8, 7, torch.int8), (-128, 127, torch.int8), (0, 15, torch.uint8)]:
+        args = (scales, zp, quant_min, quant_max, out_dtype, 16)
+        ours = quantize_groups(w, args, block_elements=5 * 64)  # blocks of 5 rows, the last one of 2
+        assert ours is not None
+        theirs = OP(w, *args)
+        assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
+        assert torch.equal(ours, theirs), (quant_min, quant_max)
+
+
+def test_a_nan_raises_the_ops_assertion_error():
+    w, scales = _weight(torch.float32)
+    w[20, 7] = float("nan")
+    args = (scales, torch.zeros(scales.shape, dtype=torch.int32), -8, 7, torch.int8, 16)
+    with pytest.raises(AssertionError, match="NaN"):
+        OP(w, *args)
+    with pytest.raises(AssertionError, match="NaN"):
+        quantize_groups(w, args, block_elements=5 * 64)
+    w[20, 7] = 0.0
+    w[30, 0], w[30, 1] = float("inf"), float("-inf")  # a NaN sum without a NaN: quantized
+    assert torch.equal(quantize_groups(w, args, block_elements=5 * 64), OP(w, *args))
+
+
+def test_what_it_does_not_handle_goes_to_the_op():
+    w, scales = _weight(torch.float32)
+    zp = torch.zeros(scales.shape, dtype=torch.int32)
+    args = (scales, zp, -8, 7, torch.int8, 16)
+    assert quantize_groups(w, args, block_elements=w.numel()) is None  # one block: the op, whole
+    assert quantize_groups(w.double(), args, block_elements=64) is None  # float64 weight
+    assert quantize_groups(w, (scales.double(), *args[1:]), block_elements=64) is None  # float64 scales
+    assert quantize_groups(w, (scales, zp.float(), *args[2:]), block_elements=64) is None  # float zero points
+    assert quantize_groups(w, (*args[:5], 48), block_elements=64) is None  # groups that do not divide a row
+    assert quantize_groups(w.reshape(37, 4, 16), args, block_elements=64) is None  # not 2-D
+    assert quantize_groups(w, (scales[:-1], *args[1:]), block_elements=64) is None  # scales of other groups
+    for value, args_ in [(w, args), (w.double(), args), (w, (scales.double(), *args[1:]))]:
+        calls = []
+        with _Recorder(calls):
+            result = quantize_weight(OP, value, args_)  # one block (BLOCK_ELEMENTS is 2**20), or not handled
+        assert calls == [OP] and torch.equal(result, OP(value, *args_))
+
+
+class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the quantized_decomposed ops called."""
+
+    def __init__(self, calls):
+        super().__init__()
+        self.calls = calls
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "quantized_decomposed":
+            self.calls.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+class _Tables(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(96, 64)
+        self.head = torch.nn.Linear(64, 96, bias=False)
+
+    def forward(self, tokens):
+        return self.head(self.emb(tokens))
+
+
+class _GroupQuantizer(qw.Quantizer):
+    def __init__(self, qscheme):
+        self.spec = qw.QuantizationSpec(
+            dtype=torch.int8,
+            quant_min=-8,
+            quant_max=7,
+            qscheme=qscheme,
+            ch_axis=0,
+            group_size=16,
+            observer_or_fake_quant_ctr=PerGroupMinMaxObserver,
+        )
+
+    def annotate(self, model):
+        for node in model.graph.nodes:
+            if node.target in (torch.ops.aten.embedding.default, torch.ops.aten.linear.default):
+                weight = node.args[0] if node.target == torch.ops.aten.embedding.default else node.args[1]
+                annotate_input_qspec_map(node, weight, self.spec)
+                mark_annotated(node)
+        return model
+
+
+@pytest.mark.parametrize("qscheme", [torch.per_channel_symmetric, torch.per_channel_affine])
+def test_a_converted_model_stores_what_the_op_stores(qscheme, monkeypatch):
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 96, (2, 8))
+    prepared = qw.prepare_pt2e(export(_Tables().eval(), tokens), _GroupQuantizer(qscheme))
+    monkeypatch.setattr(chunked_quantize, "BLOCK_ELEMENTS", 1024)  # 6144-element weights: 6 blocks each
+    calls = []
+    with _Recorder(calls):
+        fast = qw.convert_pt2e(prepared)
+    assert OP not in calls  # both weights went through quantize_groups
+    monkeypatch.setattr("quantweave._modules.group_quantize.quantize_groups", lambda *a: None)
+    with _Recorder(calls):
+        slow = qw.convert_pt2e(prepared)
+    assert OP in calls  # the op, block by block, as before
+    assert fast.code == slow.code
+    ours, theirs = fast.state_dict(), slow.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    frozen = [t for k, t in ours.items() if "frozen" in k]
+    assert len(frozen) == 2 and all(t.dtype == torch.int8 and t.shape == (96, 64) for t in frozen)
+    assert torch.equal(fast(tokens), slow(tokens))
