@@ -16,7 +16,6 @@ again (e.g. with ``fold_quantize=False``).
 
 from __future__ import annotations
 
-import copy
 import operator
 from typing import Any
 
@@ -46,6 +45,7 @@ from ._modules.graph import (
 from ._modules.group_quantize import quantize_weight
 from ._modules.misuse import warn_no_observers
 from ._modules.observer_calls import observer_calls
+from ._modules.observer_copies import copy_observers
 from ._modules.per_token import PER_TOKEN_ATTR
 from ._modules.prepare_rules import map_subgraphs
 from ._modules.qat_conv_bn import fold_simulated_conv_bn
@@ -198,7 +198,8 @@ def _observe_constants(
 ) -> None:
     """Weights need no calibration data: observers of constants that saw nothing observe
     the constant now. They are copies, so the prepared model's observers stay as they were
-    (copied together, so derived observers keep pointing at their sources)."""
+    (copied with the observers linked to them, so derived observers keep pointing at their
+    sources: ``_modules/observer_copies``)."""
     pending = [
         n
         for n in observer_nodes
@@ -208,7 +209,7 @@ def _observe_constants(
     if not pending:
         return
     names = sorted({str(n.target) for n in observer_nodes})
-    copies = copy.deepcopy({name: gm.get_submodule(name) for name in names})
+    copies = copy_observers({name: gm.get_submodule(name) for name in names}, {str(n.target) for n in pending})
     for name, module in copies.items():
         set_attr_value(gm, name, module)
     with torch.no_grad():
