@@ -2,7 +2,8 @@
 integer is ``quantize_per_channel_group``'s, for the inputs convert gives it and the awkward
 ones (ties, values beyond the range, infinities, signed zeros, zero points, every float
 dtype); a NaN raises the op's error; what it does not handle goes to the op; and a model
-converted through it stores what the op stores."""
+converted through it stores what the op stores. The group observer reduces a weight seen on
+every calibration batch once, to the same min/max."""
 
 import pytest
 import torch
@@ -147,3 +148,32 @@ def test_a_converted_model_stores_what_the_op_stores(qscheme, monkeypatch):
     frozen = [t for k, t in ours.items() if "frozen" in k]
     assert len(frozen) == 2 and all(t.dtype == torch.int8 and t.shape == (96, 64) for t in frozen)
     assert torch.equal(fast(tokens), slow(tokens))
+
+
+def test_the_group_observer_reduces_an_unchanged_weight_once():
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(8, 32, generator=gen)
+    first = weight.clone()
+    observer, fresh = PerGroupMinMaxObserver(group_size=8), PerGroupMinMaxObserver(group_size=8)
+    observer(weight)
+    calls = []
+    original_amin = torch.Tensor.amin
+    try:
+        torch.Tensor.amin = lambda *a, **k: calls.append(1) or original_amin(*a, **k)  # type: ignore[method-assign]
+        observer(weight)  # the same tensor, unchanged: skipped
+        assert calls == []
+        other = torch.randn(8, 32, generator=gen) * 5
+        observer(other)  # another tensor: observed
+        assert len(calls) == 1
+        observer(weight)  # observed again (the last tensor seen was another one)
+        assert len(calls) == 2
+        with torch.no_grad():
+            weight.mul_(3)  # changed in place (a QAT / optimizer step): observed again
+        observer(weight)
+        assert len(calls) == 3
+    finally:
+        torch.Tensor.amin = original_amin  # type: ignore[method-assign]
+    for x in (first, other, first, weight):  # what it saw, each observed
+        fresh(x)
+    assert torch.equal(observer.min_val, fresh.min_val) and torch.equal(observer.max_val, fresh.max_val)
+    assert all(torch.equal(a, b) for a, b in zip(observer.calculate_qparams(), fresh.calculate_qparams(), strict=True))

@@ -14,13 +14,14 @@ import functools
 import math
 import struct
 import threading
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from ._modules.group_observer import PerGroupMinMaxObserver as PerGroupMinMaxObserver
+from ._modules.observed_once import remember as _remember
+from ._modules.observed_once import unchanged_since as _unchanged_since
 from ._modules.torch_compat import (
     FakeQuantize,
     FakeQuantizeBase,
@@ -474,39 +475,6 @@ class PerChannelMinMaxObserver(_TorchPerChannelMinMaxObserver):
         self.max_val.copy_(max_val)
         _remember(self, x_orig)
         return x_orig
-
-
-def _state_key(observer: Any, x: torch.Tensor) -> tuple[Any, ...] | None:
-    """What must be unchanged for observing ``x`` again to be a no-op (None: cannot tell,
-    e.g. inference tensors carry no version counter)."""
-    try:
-        return (
-            weakref.ref(x),
-            x._version,
-            weakref.ref(observer.min_val),
-            observer.min_val._version,
-            weakref.ref(observer.max_val),
-            observer.max_val._version,
-        )
-    except (RuntimeError, TypeError):
-        return None
-
-
-def _unchanged_since(observer: Any, x: torch.Tensor) -> bool:
-    """True when ``observer`` last observed this very tensor, and neither the tensor nor the
-    observer's min/max buffers changed since (same objects, same version counters)."""
-    last = observer._last_seen
-    if last is None:
-        return False
-    now = _state_key(observer, x)
-    if now is None:
-        return False
-    refs_same = all(now[i]() is last[i]() for i in (0, 2, 4))
-    return refs_same and (now[1], now[3], now[5]) == (last[1], last[3], last[5])
-
-
-def _remember(observer: Any, x: torch.Tensor) -> None:
-    observer._last_seen = _state_key(observer, x)
 
 
 class DerivedObserver(ObserverBase):

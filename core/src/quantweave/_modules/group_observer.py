@@ -5,6 +5,9 @@ tensor (a weight: rows are channels) and keeps, for every row and every run of
 ``group_size`` consecutive elements along it, the running minimum and maximum;
 ``calculate_qparams`` returns ``(scales, zero_points)`` of shape ``(rows, columns //
 group_size)``, the layout ``quantized_decomposed.quantize_per_channel_group`` takes.
+A weight observed on every calibration batch is reduced once: the observer skips the tensor
+it saw last time when neither it nor the observer's min/max changed since
+(``_modules/observed_once``).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 
 import torch
 
+from .observed_once import remember, unchanged_since
 from .qtypes import dtype_range, integer_dtype
 from .torch_compat import ObserverBase
 
@@ -33,6 +37,7 @@ class PerGroupMinMaxObserver(ObserverBase):
 
     min_val: torch.Tensor
     max_val: torch.Tensor
+    _last_seen: tuple[Any, ...] | None = None
 
     def __init__(
         self,
@@ -88,6 +93,8 @@ class PerGroupMinMaxObserver(ObserverBase):
             raise ValueError(
                 f"PerGroupMinMaxObserver: rows of {columns} elements do not split into groups of {self.group_size}"
             )
+        if unchanged_since(self, x):  # a weight seen on the last batch: its min/max are those recorded
+            return x
         # reduced in the input's dtype, then converted (a bf16 weight is never copied whole to
         # float32; rounding is monotonic, so the converted minimum is the minimum converted)
         groups = x.detach().reshape(rows, columns // self.group_size, self.group_size)
@@ -103,6 +110,7 @@ class PerGroupMinMaxObserver(ObserverBase):
                 )
             self.min_val = torch.minimum(self.min_val, lo)
             self.max_val = torch.maximum(self.max_val, hi)
+        remember(self, x)
         return x
 
     def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]

@@ -13,9 +13,9 @@ object or version changed (a histogram, a running min/max; not a weight observer
 skipped, nor an ``eps``): 0-d ones as Python numbers, the others packed into one flat buffer
 per dtype (one ``cat``, and one reduction for the non-finite check below), whatever the
 number of observers. Python attributes: for the observer classes whose ``forward`` is known,
-only those it writes (none for torch's, ``_last_seen`` for quantweave's per-channel one, the
-non-finite counter for its histogram one); for any other class, a shallow copy of its
-``__dict__`` before every batch. On failure every
+only those it writes (none for torch's, ``_last_seen`` for quantweave's per-channel and
+per-group ones, the non-finite counter for its histogram one); for any other class, a
+shallow copy of its ``__dict__`` before every batch. On failure every
 changed tensor is put back -- the same tensor object, resized and refilled from its copy --
 and every attribute restored. The version counter is trusted only for the classes known to
 bump it (torch's and quantweave's observers and fake-quantizers, except
@@ -69,12 +69,13 @@ _get_version = operator.attrgetter("_version")
 def _attributes_written(module: torch.nn.Module) -> tuple[str, ...] | None:
     """The plain attributes ``module``'s forward may write, for the classes whose forward is
     known (exact classes: torch's observers and fake-quantizers write none, quantweave's
-    ``PerChannelMinMaxObserver`` its ``_last_seen``, its ``HistogramObserver`` its
-    non-finite counter); None for any other class: its whole ``__dict__`` is copied."""
+    ``PerChannelMinMaxObserver`` and ``PerGroupMinMaxObserver`` their ``_last_seen``, its
+    ``HistogramObserver`` its non-finite counter); None for any other class: its whole
+    ``__dict__`` is copied."""
     from .. import observers as qo  # quantweave.observers imports this package's modules
 
     cls = type(module)
-    if cls is qo.PerChannelMinMaxObserver:
+    if cls is qo.PerChannelMinMaxObserver or cls is PerGroupMinMaxObserver:
         return ("_last_seen",)
     if cls is qo.HistogramObserver:
         return (NON_FINITE_ATTR,)
@@ -89,7 +90,6 @@ def _attributes_written(module: torch.nn.Module) -> tuple[str, ...] | None:
         tc.FakeQuantize,
         tc.FixedQParamsFakeQuantize,
         tc.FusedMovingAvgObsFakeQuantize,
-        PerGroupMinMaxObserver,
         qo.DerivedObserver,
     )
     return () if cls in known else None
