@@ -92,12 +92,10 @@ def mutated_attrs(graph: Graph) -> set[str]:
     return targets
 
 
-def rebuild(model: GraphModule, lazy: bool = False) -> GraphModule:
-    """Compile into a fresh (eager) GraphModule holding only the attributes the graph uses;
-    ``lazy=True``: its Python code is generated on first call (or ``.code``), not now, for a
-    module whose graph is edited again before anyone runs it (a transform before annotation)."""
+def rebuild(model: GraphModule) -> GraphModule:
+    """Compile into a fresh (eager) GraphModule holding only the attributes the graph uses."""
     model.graph.lint()
-    fresh = lazy_graph_module(model, model.graph) if lazy else GraphModule(model, model.graph)
+    fresh = GraphModule(model, model.graph)
     fresh.meta.update(model.meta)
     return fresh
 

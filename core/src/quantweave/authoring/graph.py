@@ -141,8 +141,6 @@ def copy_for_rewrite(model: GraphModule) -> tuple[GraphModule, dict[str, Node]]:
 
 
 def finish_rewrite(model: GraphModule) -> GraphModule:
-    """The rewritten copy as a GraphModule: the graph is checked (``lint``), attributes the
-    graph no longer reads are dropped, and its Python code is generated on first use (a call,
-    ``.code``), not here: prepare edits the graph of what ``transform_for_annotation``
-    returns and generates the code once, at the end."""
-    return rebuild(model, lazy=True)
+    """The rewritten copy as an ordinary GraphModule: the graph is checked (``lint``) and its
+    Python code generated; attributes the graph no longer reads are dropped."""
+    return rebuild(model)

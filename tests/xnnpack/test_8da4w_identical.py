@@ -1,0 +1,67 @@
+"""8da4w converts to exactly what it did before the quantize-time work of issue 25.
+
+The faster group-wise quantize (``_modules/group_quantize``), the observer copies convert
+makes (``_modules/observer_copies``), the group observer that skips an unchanged weight and
+the code generated on first use must leave every byte of the result as it was: the digests
+below (SHA-256 of the generated code, then of every state-dict entry's name, dtype, shape and
+bytes) were taken with the code before those changes (commit 7c05ee2), on a small decoder LM
+through ``ExecuTorchQuantizer("llm", linear_bits=4, linear_group_size=32, embedding_bits=4,
+embedding_group_size=32)``: symmetric and affine 4-bit tables, without and with calibration,
+and with blocks small enough (1024 elements) that the large weights take the blocked path."""
+
+import hashlib
+
+import pytest
+import torch
+
+import quantweave as qw
+from quantweave._modules import chunked_quantize
+from quantweave.testing.models import lm_prompts, tiny_decoder_lm
+
+pytest.importorskip("quantweave_executorch")
+
+PREPARED = "7516de638708b6f2eb5c6e710579cde4ed9697618720eef5290dd80417129474"
+CONVERTED = {
+    # (embedding_symmetric, calibrated): digest of the converted module
+    (None, False): "94c6fead19a1893a6cde2c575695bae46d4e8f7dcf5f61c5d9c84a9d3b79d9c2",
+    (False, False): "3aeebe61d8327d8bda0e5bf39a0a4a61cac30ec3b49a61cb9e7e013ca9184d0d",
+    (None, True): "94c6fead19a1893a6cde2c575695bae46d4e8f7dcf5f61c5d9c84a9d3b79d9c2",  # as without: weights only,
+}
+
+
+def digest(gm: torch.fx.GraphModule) -> str:
+    h = hashlib.sha256(gm.code.encode())
+    for name, t in sorted(gm.state_dict().items()):
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def exported():
+    model = tiny_decoder_lm(vocab=96, dim=64, layers=1, heads=2, max_seq=16)
+    prompts = lm_prompts(model, 2)
+    return torch.export.export(model, (prompts[:1],)).module(), prompts
+
+
+@pytest.mark.parametrize(("symmetric", "calibrated"), list(CONVERTED))
+def test_8da4w_converts_to_the_same_bytes(exported, symmetric, calibrated, monkeypatch):
+    import quantweave_executorch as qe
+
+    module, prompts = exported
+    monkeypatch.setattr(chunked_quantize, "BLOCK_ELEMENTS", 1024)  # the 96 x 64 tables and head: 6 blocks
+    quantizer = qe.ExecuTorchQuantizer(
+        "llm",
+        linear_bits=4,
+        linear_group_size=32,
+        embedding_bits=4,
+        embedding_group_size=32,
+        embedding_symmetric=symmetric,
+    )
+    prepared = qw.prepare_pt2e(module, quantizer)
+    assert digest(prepared) == PREPARED
+    if calibrated:
+        for i in range(2):
+            prepared(prompts[i : i + 1])
+            prepared(prompts[i : i + 1])  # the same weights again: skipped by the group observers
+    assert digest(qw.convert_pt2e(prepared)) == CONVERTED[(symmetric, calibrated)]
