@@ -53,7 +53,15 @@ def test_to_onnx_builds_the_registry_once_is_silent_and_writes_what_the_public_e
         return original(cls, *args, **kwargs)
 
     monkeypatch.setattr(_registration.ONNXRegistry, "from_torchlib", classmethod(counted))
-    _torch_onnx_compat.registry.cache_clear()
+    _torch_onnx_compat._registry.cache_clear()
+    # an op library registered after the registry was built (as quantized_decomposed is when a
+    # float model is exported before any quantization code ran) gets a new registry
+    assert _torch_onnx_compat.registry(20) is _torch_onnx_compat.registry(20) and len(builds) == 1
+    library = torch.library.Library("qw_test_ort_export", "DEF")
+    library.define("noop(Tensor x) -> Tensor")
+    assert _torch_onnx_compat.registry(20) is _torch_onnx_compat.registry(20) and len(builds) == 2
+    _torch_onnx_compat._registry.cache_clear()
+    builds.clear()
     capfd.readouterr()
     first = to_onnx(gm, (x,), tmp_path / "first.onnx", fold_relu=False)
     second = to_onnx(gm, (x,), tmp_path / "second.onnx", fold_relu=False)

@@ -10,7 +10,11 @@ entry point with one: two private names of torch 2.13's exporter, checked by
 - ``torch.onnx._internal.exporter._registration.ONNXRegistry.from_torchlib(opset_version=)``
   and ``.register_op(target, function, is_complex=)``;
 - ``torch.onnx._internal.exporter._core.export(model, args, kwargs, *, registry=,
-  dynamic_shapes=, verbose=, optimize=, opset_version=)``.
+  dynamic_shapes=, verbose=, optimize=, opset_version=)``;
+- ``torch._C._dispatch_get_all_op_names()``: the registry maps only the ops registered when it
+  is built (``quantized_decomposed`` is registered when torch's quantization code is first
+  imported, torchvision's ops when torchvision is), so it is rebuilt whenever more ops are
+  registered than when it was built (a float model exported first, then a quantized one).
 
 Where they are missing or changed, :func:`export` says so once (a warning) and takes the
 public ``torch.onnx.export``: the same ONNX file, only slower. tests/onnxruntime checks that
@@ -50,6 +54,8 @@ def fast_path_missing() -> str | None:
     for name in ("from_torchlib", "register_op"):
         if not hasattr(registry_class, name):
             return f"torch.onnx._internal.exporter._registration.ONNXRegistry.{name} is missing"
+    if not callable(getattr(torch._C, "_dispatch_get_all_op_names", None)):
+        return "torch._C._dispatch_get_all_op_names is missing"
     core_export = getattr(_core, "export", None)
     if core_export is None:
         return "torch.onnx._internal.exporter._core.export is missing"
@@ -60,10 +66,14 @@ def fast_path_missing() -> str | None:
     return None
 
 
-@functools.cache
 def registry(opset_version: int) -> Any:
-    """torchlib's registry for ``opset_version``, built once per process (not to be mutated:
-    :func:`export` registers custom translations on a copy)."""
+    """torchlib's registry for ``opset_version``, built once per process and set of registered
+    ops (not to be mutated: :func:`export` registers custom translations on a copy)."""
+    return _registry(opset_version, len(torch._C._dispatch_get_all_op_names()))
+
+
+@functools.lru_cache(maxsize=4)
+def _registry(opset_version: int, registered_ops: int) -> Any:
     from torch.onnx._internal.exporter import _registration
 
     return _registration.ONNXRegistry.from_torchlib(opset_version=max(opset_version, _TORCHLIB_OPSET))
