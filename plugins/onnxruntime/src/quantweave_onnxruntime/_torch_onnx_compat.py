@@ -14,7 +14,10 @@ entry point with one: two private names of torch 2.13's exporter, checked by
 - ``torch._C._dispatch_get_all_op_names()``: the registry maps only the ops registered when it
   is built (``quantized_decomposed`` is registered when torch's quantization code is first
   imported, torchvision's ops when torchvision is), so it is rebuilt whenever more ops are
-  registered than when it was built (a float model exported first, then a quantized one).
+  registered than when it was built (a float model exported first, then a quantized one);
+  precisely, one registry per number of registered ops;
+- ``torch.onnx._constants.ONNX_DEFAULT_OPSET`` and ``torch.onnx._internal.exporter._constants.
+  TORCHLIB_OPSET``: the opset ``torch.onnx.export`` defaults to, and torchlib's lowest.
 
 Where they are missing or changed, :func:`export` says so once (a warning) and takes the
 public ``torch.onnx.export``: the same ONNX file, only slower. tests/onnxruntime checks that
@@ -35,10 +38,6 @@ import torch
 
 __all__ = ["export", "fast_path_missing", "registry"]
 
-#: what ``torch.onnx.export`` uses when no opset is given (torch.onnx._constants.ONNX_DEFAULT_OPSET)
-_DEFAULT_OPSET = 20
-#: the lowest opset torchlib implements (torch.onnx._internal.exporter._constants.TORCHLIB_OPSET)
-_TORCHLIB_OPSET = 18
 _CORE_ARGUMENTS = ("registry", "dynamic_shapes", "verbose", "optimize", "opset_version")
 
 
@@ -47,9 +46,14 @@ def fast_path_missing() -> str | None:
     """None when the installed torch has the private exporter API the fast path uses; else
     what is missing (the reason the public, slower path is taken)."""
     try:
+        from torch.onnx import _constants
+        from torch.onnx._internal.exporter import _constants as _exporter_constants
         from torch.onnx._internal.exporter import _core, _registration
     except ImportError as error:
-        return f"torch.onnx._internal.exporter cannot be imported ({error})"
+        return f"torch.onnx's exporter internals cannot be imported ({error})"
+    for module, name in ((_constants, "ONNX_DEFAULT_OPSET"), (_exporter_constants, "TORCHLIB_OPSET")):
+        if not isinstance(getattr(module, name, None), int):
+            return f"{module.__name__}.{name} is missing"
     registry_class = getattr(_registration, "ONNXRegistry", None)
     for name in ("from_torchlib", "register_op"):
         if not hasattr(registry_class, name):
@@ -74,9 +78,10 @@ def registry(opset_version: int) -> Any:
 
 @functools.lru_cache(maxsize=4)
 def _registry(opset_version: int, registered_ops: int) -> Any:
-    from torch.onnx._internal.exporter import _registration
+    from torch.onnx._internal.exporter import _constants, _registration
 
-    return _registration.ONNXRegistry.from_torchlib(opset_version=max(opset_version, _TORCHLIB_OPSET))
+    # as torch.onnx.export: torchlib's functions for an older opset are those of its lowest
+    return _registration.ONNXRegistry.from_torchlib(opset_version=max(opset_version, _constants.TORCHLIB_OPSET))
 
 
 def _with_translations(base: Any, table: Mapping[Callable[..., Any], Callable[..., Any]]) -> Any:
@@ -118,9 +123,10 @@ def export(
         if custom_translation_table:
             kwargs["custom_translation_table"] = dict(custom_translation_table)
         return torch.onnx.export(model, args, **kwargs)
+    from torch.onnx import _constants
     from torch.onnx._internal.exporter import _core
 
-    opset = _DEFAULT_OPSET if opset_version is None else opset_version
+    opset = _constants.ONNX_DEFAULT_OPSET if opset_version is None else opset_version
     used = registry(opset)
     if custom_translation_table:
         used = _with_translations(used, custom_translation_table)
