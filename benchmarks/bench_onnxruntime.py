@@ -3,7 +3,8 @@
 Each float model is quantized two ways with the same calibration batches:
 
 - ours: quantweave + ORTQuantizer (torch.export, prepare, calibrate, convert, to_onnx);
-- ORT:  the float model exported to ONNX with the same exporter, then ORT's own quantizer:
+- ORT:  the float model exported to ONNX with the same exporter (the public
+        ``torch.onnx.export(..., dynamo=True)``, as an ORT user calls it), then ORT's own quantizer:
         static: quant_pre_process + quantize_static (QDQ, per-channel, uint8 activations / int8
         weights, MinMax calibration); dynamic: quantize_dynamic (per-channel int8 weights);
 
@@ -50,7 +51,7 @@ import onnxruntime as ort
 import torch
 
 import quantweave as qw
-from quantweave_onnxruntime import ORTQuantizer, ort_session, to_onnx
+from quantweave_onnxruntime import ORTQuantizer, _torch_onnx_compat, ort_session, to_onnx
 from quantweave_onnxruntime.testing import (
     BENCH_MODELS,
     cpu_int8_flags,
@@ -71,11 +72,12 @@ def kernels(path: Path) -> str:
 
 
 class _ExportClock:
-    """Times the calls of ``torch.onnx.export`` made inside ``to_onnx`` (the exporter's share)."""
+    """Times the exporter's calls made inside ``to_onnx`` (its shim over ``torch.onnx.export``:
+    capture, decompositions, translation, optimizer), the rest of ``to_onnx`` apart."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
-        self._export = torch.onnx.export
+        self._export = _torch_onnx_compat.export
 
     def __enter__(self) -> _ExportClock:
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -85,11 +87,11 @@ class _ExportClock:
             finally:
                 self.seconds += time.perf_counter() - start
 
-        torch.onnx.export = timed
+        _torch_onnx_compat.export = timed  # type: ignore[assignment]
         return self
 
     def __exit__(self, *exc: object) -> None:
-        torch.onnx.export = self._export
+        _torch_onnx_compat.export = self._export  # type: ignore[assignment]
 
 
 def quantize_ours(
@@ -120,13 +122,23 @@ def quantize_ours(
     return ours, split
 
 
+def export_float(model: torch.nn.Module, x: torch.Tensor, path: Path) -> Path:
+    """ORT's side exports the float model as an ONNX Runtime user does: the public
+    ``torch.onnx.export(..., dynamo=True)`` (which rebuilds the exporter's registry on each call;
+    ``to_onnx`` builds it once per process)."""
+    program = torch.onnx.export(model, (x,), dynamo=True, verbose=False)
+    assert program is not None
+    program.save(str(path))
+    return path
+
+
 def quantize_ort(
     name: str, model: torch.nn.Module, batches: list[torch.Tensor], x: torch.Tensor, dynamic: bool, args: Any, d: Path
 ) -> tuple[Path, Path, dict[str, float]]:
     """ORT's path (float export, then quant_pre_process + quantize_static, or quantize_dynamic), timed."""
     split: dict[str, float] = {}
     start = time.perf_counter()
-    fp32 = to_onnx(model, (x,), d / f"{name}_fp32.onnx")
+    fp32 = export_float(model, x, d / f"{name}_fp32.onnx")
     split["torch.onnx.export"] = time.perf_counter() - start
     t = time.perf_counter()
     if dynamic:
@@ -206,13 +218,130 @@ def case(
     )
 
 
+class _PhaseClock:
+    """CPU seconds (``time.process_time``: every thread of this process) per phase of
+    ``torch.onnx.export``, from timers put around the exporter's steps for the profile only
+    (its registry build, the capture of the module with torch.export, decompositions,
+    translation to ONNX, the optimizer, serialization); "capture" is the export's rest."""
+
+    STEPS = (
+        ("registry", "torch.onnx._internal.exporter._registration", "ONNXRegistry", "from_torchlib"),
+        ("decompose", "torch.onnx._internal.exporter._core", None, "_prepare_exported_program_for_export"),
+        ("translate", "torch.onnx._internal.exporter._core", None, "_exported_program_to_onnx_program"),
+        ("optimize", "torch.onnx._internal.exporter._onnx_program", "ONNXProgram", "optimize"),
+        ("save", "torch.onnx._internal.exporter._onnx_program", "ONNXProgram", "save"),
+    )
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def __enter__(self) -> _PhaseClock:
+        import importlib
+
+        for label, module_name, owner_name, attribute in self.STEPS:
+            module = importlib.import_module(module_name)
+            owner = getattr(module, owner_name) if owner_name else module
+            raw = owner.__dict__[attribute] if owner_name else getattr(owner, attribute)
+            self._saved.append((owner, attribute, raw))
+            wrapped = raw.__func__ if isinstance(raw, classmethod) else raw
+
+            def timed(*args: Any, _f: Any = wrapped, _label: str = label, **kwargs: Any) -> Any:
+                start = time.process_time()
+                try:
+                    return _f(*args, **kwargs)
+                finally:
+                    self.seconds[_label] = self.seconds.get(_label, 0.0) + time.process_time() - start
+
+            setattr(owner, attribute, classmethod(timed) if isinstance(raw, classmethod) else timed)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, attribute, raw in reversed(self._saved):
+            setattr(owner, attribute, raw)
+
+
+def profile(names: list[str], args: Any) -> None:
+    """CPU seconds per phase of one quantize each way (after one untimed warm-up of each path
+    in this process, so neither pays the first-import costs), per model."""
+    import quantweave_onnxruntime.testing as testing
+
+    def clock() -> float:
+        return time.process_time()
+
+    for name in names:
+        factory, make = BENCH_MODELS[name]
+        torch.manual_seed(0)
+        try:
+            model = factory().eval()
+        except ImportError as error:
+            print(f"{name}: skipped ({error})")
+            continue
+        torch.manual_seed(1)
+        batches = [make() for _ in range(8)]
+        x = make()
+        with tempfile.TemporaryDirectory() as tmp:
+            d = Path(tmp)
+            first: tuple[float, float] = (0.0, 0.0)
+            ours: dict[str, float] = {}
+            theirs: dict[str, float] = {}
+            for rep in range(2):  # the first pays the process's first-call costs (printed apart)
+                if rep == 1:
+                    first = (sum(ours.values()), sum(theirs.values()))
+                ours = {}
+                t = clock()
+                exported = torch.export.export(model, (x,)).module()
+                ours["torch.export"] = clock() - t
+                t = clock()
+                quantizer = ORTQuantizer(reduce_range=args.reduce_range, observer=args.observer)
+                prepared = qw.prepare_pt2e(exported, quantizer)
+                ours["prepare"] = clock() - t
+                t = clock()
+                qw.calibrate(prepared, batches, progress=False)
+                ours["calibrate"] = clock() - t
+                t = clock()
+                converted = qw.convert_pt2e(prepared)
+                ours["convert"] = clock() - t
+                t = clock()
+                with _PhaseClock() as phases:
+                    to_onnx(converted, (x,), d / f"{name}_ours.onnx")
+                total = clock() - t
+                ours.update({f"to_onnx:{k}": v for k, v in phases.seconds.items()})
+                ours["to_onnx:capture+rest"] = total - sum(phases.seconds.values())
+                theirs = {}
+                t = clock()
+                with _PhaseClock() as phases:
+                    fp32 = export_float(model, x, d / f"{name}_fp32.onnx")
+                total = clock() - t
+                theirs.update({f"export:{k}": v for k, v in phases.seconds.items()})
+                theirs["export:capture+rest"] = total - sum(phases.seconds.values())
+                t = clock()
+                testing.ort_quantize_static(fp32, batches, x, d, pre_process=True, reduce_range=args.reduce_range)
+                theirs["quant_pre_process+quantize_static"] = clock() - t
+            ours_total, theirs_total = sum(ours.values()), sum(theirs.values())
+            print(f"{name} (static), CPU s, {torch.get_num_threads()} torch thread(s), observer {args.observer}:")
+            print("  ours: " + ", ".join(f"{k} {v:.2f}" for k, v in ours.items()) + f"; total {ours_total:.2f}")
+            print("  ORT:  " + ", ".join(f"{k} {v:.2f}" for k, v in theirs.items()) + f"; total {theirs_total:.2f}")
+            print(
+                f"  ours/ORT {ours_total / theirs_total:.2f}x (first call in the process: ours {first[0]:.2f}, "
+                f"ORT {first[1]:.2f}); load {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--quantize-reps", type=int, default=1, help="quantize each way this many times, interleaved")
     parser.add_argument("--models", default="cnn,mobilenet,block,bert")
     parser.add_argument("--observer", choices=("histogram", "minmax"), default="histogram")
+    parser.add_argument(
+        "--profile", action="store_true", help="CPU seconds per quantize phase each way (static), then stop"
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch's intra-op threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     flags = cpu_flags()
     # no VNNI: u8 x s8 kernels saturate with full-range weights; ORT's advice is reduce_range (both get it)
@@ -230,6 +359,9 @@ def main() -> None:
     unknown = [m for m in wanted if m not in BENCH_MODELS]
     if unknown:
         parser.error(f"--models: unknown {', '.join(unknown)}; known: {', '.join(BENCH_MODELS)}")
+    if args.profile:
+        profile(wanted, args)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         for name in wanted:

@@ -422,3 +422,18 @@ def test_a_relu_not_folded_into_the_op_before_it_says_why():
     assert not qw.is_annotated(relu)
     reason = relu.meta[qw.SKIP_REASON_KEY]
     assert "relu" in reason and f"'{relu.args[0].name}'" in reason and "only user" in reason
+
+
+def test_every_declared_capability_names_its_ops_and_the_vocabulary_knows_them():
+    # the contributed patterns (split, resize) are declared with their ops, as the core ones are
+    pm = PluginManager(entry_points=[])
+    assert pm.register("onnxruntime", ort_plugin).status == "loaded"
+    vocabulary = pm.vocabulary()
+    known = vocabulary.all_ops()
+    quantizer = ORTQuantizer(activation_dtype="int8", symmetric_activations=True)
+    declared = INFO.capabilities + quantizer.quantization_capabilities()
+    assert {c.pattern for c in declared} >= set(PATTERNS)
+    for cap in declared:
+        assert cap.ops, f"{cap.pattern} ({cap.mode}) declares no ops"
+        assert cap.ops == vocabulary.ops(cap.pattern), cap.pattern
+        assert set(cap.ops) <= known, cap.pattern

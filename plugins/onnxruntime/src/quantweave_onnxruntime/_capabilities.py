@@ -11,6 +11,7 @@ __all__ = [
     "OWN_OUTPUT",
     "SHARED_OUTPUT",
     "CONTRIBUTED",
+    "CONTRIBUTED_OPS",
     "DYNAMIC_PATTERNS",
     "QAT_BN_PATTERNS",
     "SHARED_MULTI",
@@ -55,7 +56,14 @@ UNARY_OWN = ("sigmoid", "softmax")
 #: is what ORT's Split unit needs) and resize (nearest / bilinear upsampling: ORT drops the
 #: DQ / Q pair around Resize)
 SHARED_MULTI = ("split",)
-CONTRIBUTED = ("split", "resize", "resize_bilinear")
+#: the contributed patterns and their aten ops (``_patterns`` contributes them with these ops;
+#: every capability names its ops, core patterns' from the core vocabulary)
+CONTRIBUTED_OPS: dict[str, tuple[str, ...]] = {
+    "split": ("aten.split.Tensor",),
+    "resize": ("aten.upsample_nearest2d.vec",),
+    "resize_bilinear": ("aten.upsample_bilinear2d.vec",),
+}
+CONTRIBUTED = tuple(CONTRIBUTED_OPS)
 STATIC_PATTERNS = WEIGHTED + OWN_OUTPUT + SHARED_OUTPUT + AVERAGING + UNARY_OWN + CONTRIBUTED
 #: QAT: conv2d + batch norm (+ relu / clip) first, batch norm folded by convert
 QAT_BN_PATTERNS = ("conv2d_bn", "conv2d_bn_relu", "conv2d_bn_hardtanh", "conv2d_bn_relu6")
@@ -160,6 +168,7 @@ def declared_capabilities(
             act,
             weight_quant(pattern, per_channel, reduce_range) if weighted else None,
             quantizer="onnxruntime",
+            ops=CONTRIBUTED_OPS.get(pattern, ()),
             output=output,
             bias=(Quant.quantized(bias_quant(per_channel)) if int32 and pattern in WEIGHTED else FLOAT)
             if weighted

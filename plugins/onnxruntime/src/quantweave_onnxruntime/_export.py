@@ -55,6 +55,7 @@ def to_onnx(
     dynamic_shapes: Any = None,
     opset_version: int | None = None,
     fold_relu: bool = True,
+    verbose: bool = False,
 ) -> Path:
     """Write ``converted`` (the result of ``quantweave.convert_pt2e``) to ``path`` as ONNX.
 
@@ -69,7 +70,11 @@ def to_onnx(
     finds the op's int8 node unit under any of its rewrites. A dynamically quantized model
     (``ORTQuantizer(is_dynamic=True)``) is written as ORT's ``quantize_dynamic`` writes one:
     ``DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul``, which ORT fuses into
-    ``DynamicQuantizeMatMul``. ``converted`` is not modified. Returns the path."""
+    ``DynamicQuantizeMatMul``. ``verbose``: let the exporter print its progress lines (silent
+    by default). The exporter's function registry is built once per process and reused (a
+    contained shim over torch 2.13's exporter, ``_torch_onnx_compat``; with ``dynamic_shapes``,
+    or on a torch whose exporter differs, the public ``torch.onnx.export`` is called as is).
+    ``converted`` is not modified. Returns the path."""
     if not isinstance(example_inputs, tuple):
         raise TypeError(f"to_onnx: example_inputs must be a tuple of inputs; got {type(example_inputs).__name__}")
     try:
@@ -79,20 +84,20 @@ def to_onnx(
     target = Path(path)
     if not target.parent.is_dir():
         raise FileNotFoundError(f"to_onnx: directory {str(target.parent)!r} of {str(target)!r} does not exist")
-    from . import _integer_ops
+    from . import _integer_ops, _torch_onnx_compat
 
     dynamic = _integer_ops.has_dynamic_quantization(converted)
-    kwargs: dict[str, Any] = {"dynamo": True, "external_data": False}
-    if dynamic:
-        kwargs["custom_translation_table"] = _integer_ops.translations()
-    if dynamic_shapes is not None:
-        kwargs["dynamic_shapes"] = dynamic_shapes
-    if opset_version is not None:
-        kwargs["opset_version"] = opset_version
     with warnings.catch_warnings():
         # a converted GraphModule keeps the train flag export gave it; its graph is already in eval form
         warnings.filterwarnings("ignore", message="Exporting a model while it is in training mode")
-        program = torch.onnx.export(converted, example_inputs, **kwargs)
+        program = _torch_onnx_compat.export(
+            converted,
+            example_inputs,
+            dynamic_shapes=dynamic_shapes,
+            opset_version=opset_version,
+            custom_translation_table=_integer_ops.translations() if dynamic else None,
+            verbose=verbose,
+        )
     if program is None:  # pragma: no cover - dynamo export always returns its program
         raise RuntimeError("to_onnx: torch.onnx.export returned no program")
     program.save(str(target))

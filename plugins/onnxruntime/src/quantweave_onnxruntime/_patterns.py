@@ -11,6 +11,8 @@ import torch.nn.functional as F
 
 from quantweave.plugin_api import PatternSpec
 
+from ._capabilities import CONTRIBUTED_OPS
+
 __all__ = ["PATTERNS", "patterns"]
 
 
@@ -36,11 +38,11 @@ def _probe(kind: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
 
 
 PATTERNS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "split": ("split into equal chunks (probe: conv -> split in two)", ("aten.split.Tensor",)),
-    "resize": ("nearest upsampling (probe: conv -> interpolate x2)", ("aten.upsample_nearest2d.vec",)),
+    "split": ("split into equal chunks (probe: conv -> split in two)", CONTRIBUTED_OPS["split"]),
+    "resize": ("nearest upsampling (probe: conv -> interpolate x2)", CONTRIBUTED_OPS["resize"]),
     "resize_bilinear": (
         "bilinear upsampling (probe: conv -> interpolate x2, bilinear)",
-        ("aten.upsample_bilinear2d.vec",),
+        CONTRIBUTED_OPS["resize_bilinear"],
     ),
 }
 

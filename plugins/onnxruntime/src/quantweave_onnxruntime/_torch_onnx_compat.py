@@ -1,0 +1,142 @@
+"""A contained shim over torch.onnx's dynamo exporter: the export ``torch.onnx.export(...,
+dynamo=True)`` does, with the ONNX function registry built once per process and opset.
+
+Every ``torch.onnx.export`` call rebuilds that registry from torchlib (about 1 s of CPU on a
+quiet core, a third of a small model's whole export) and logs the same torchvision warnings
+each time. The public function takes no registry, so :func:`export` calls the exporter's own
+entry point with one: two private names of torch 2.13's exporter, checked by
+:func:`fast_path_missing`:
+
+- ``torch.onnx._internal.exporter._registration.ONNXRegistry.from_torchlib(opset_version=)``
+  and ``.register_op(target, function, is_complex=)``;
+- ``torch.onnx._internal.exporter._core.export(model, args, kwargs, *, registry=,
+  dynamic_shapes=, verbose=, optimize=, opset_version=)``;
+- ``torch._C._dispatch_get_all_op_names()``: the registry maps only the ops registered when it
+  is built (``quantized_decomposed`` is registered when torch's quantization code is first
+  imported, torchvision's ops when torchvision is), so it is rebuilt whenever more ops are
+  registered than when it was built (a float model exported first, then a quantized one);
+  precisely, one registry per number of registered ops;
+- ``torch.onnx._constants.ONNX_DEFAULT_OPSET`` and ``torch.onnx._internal.exporter._constants.
+  TORCHLIB_OPSET``: the opset ``torch.onnx.export`` defaults to, and torchlib's lowest.
+
+Where they are missing or changed, :func:`export` says so once (a warning) and takes the
+public ``torch.onnx.export``: the same ONNX file, only slower. tests/onnxruntime checks that
+the fast path is taken on the torch the project pins, so a torch that changes them fails
+there loudly rather than silently slowing down.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["export", "fast_path_missing", "registry"]
+
+_CORE_ARGUMENTS = ("registry", "dynamic_shapes", "verbose", "optimize", "opset_version")
+
+
+@functools.cache
+def fast_path_missing() -> str | None:
+    """None when the installed torch has the private exporter API the fast path uses; else
+    what is missing (the reason the public, slower path is taken)."""
+    try:
+        from torch.onnx import _constants
+        from torch.onnx._internal.exporter import _constants as _exporter_constants
+        from torch.onnx._internal.exporter import _core, _registration
+    except ImportError as error:
+        return f"torch.onnx's exporter internals cannot be imported ({error})"
+    for module, name in ((_constants, "ONNX_DEFAULT_OPSET"), (_exporter_constants, "TORCHLIB_OPSET")):
+        if not isinstance(getattr(module, name, None), int):
+            return f"{module.__name__}.{name} is missing"
+    registry_class = getattr(_registration, "ONNXRegistry", None)
+    for name in ("from_torchlib", "register_op"):
+        if not hasattr(registry_class, name):
+            return f"torch.onnx._internal.exporter._registration.ONNXRegistry.{name} is missing"
+    if not callable(getattr(torch._C, "_dispatch_get_all_op_names", None)):
+        return "torch._C._dispatch_get_all_op_names is missing"
+    core_export = getattr(_core, "export", None)
+    if core_export is None:
+        return "torch.onnx._internal.exporter._core.export is missing"
+    parameters = inspect.signature(core_export).parameters
+    missing = [name for name in _CORE_ARGUMENTS if name not in parameters]
+    if missing:
+        return f"torch.onnx._internal.exporter._core.export takes no {', '.join(missing)}"
+    return None
+
+
+def registry(opset_version: int) -> Any:
+    """torchlib's registry for ``opset_version``, built once per process and set of registered
+    ops (not to be mutated: :func:`export` registers custom translations on a copy)."""
+    return _registry(opset_version, len(torch._C._dispatch_get_all_op_names()))
+
+
+@functools.lru_cache(maxsize=4)
+def _registry(opset_version: int, registered_ops: int) -> Any:
+    from torch.onnx._internal.exporter import _constants, _registration
+
+    # as torch.onnx.export: torchlib's functions for an older opset are those of its lowest
+    return _registration.ONNXRegistry.from_torchlib(opset_version=max(opset_version, _constants.TORCHLIB_OPSET))
+
+
+def _with_translations(base: Any, table: Mapping[Callable[..., Any], Callable[..., Any]]) -> Any:
+    extended = copy.copy(base)
+    extended.functions = {target: list(decomps) for target, decomps in base.functions.items()}
+    for torch_op, onnx_op in table.items():
+        extended.register_op(torch_op, onnx_op, is_complex=False)
+    return extended
+
+
+def export(
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    *,
+    dynamic_shapes: Any = None,
+    opset_version: int | None = None,
+    custom_translation_table: Mapping[Callable[..., Any], Callable[..., Any]] | None = None,
+    verbose: bool = False,
+) -> Any:
+    """``torch.onnx.export(model, args, dynamo=True, ...)``'s ONNXProgram, with the registry
+    of :func:`registry`. ``verbose=False``: the exporter prints no progress lines."""
+    missing = fast_path_missing()
+    # dynamic shapes (whose dimension names torch.onnx.export maps onto the ONNX inputs) and a
+    # trailing dict of keyword inputs take the public path: only what it does unchanged is sped up
+    public = dynamic_shapes is not None or (bool(args) and isinstance(args[-1], dict))
+    if missing is not None or public:
+        if missing is not None:
+            warnings.warn(
+                f"quantweave_onnxruntime.to_onnx: {missing}; exporting through torch.onnx.export "
+                "(the same model, with the exporter's registry rebuilt on every call)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        kwargs: dict[str, Any] = {"dynamo": True, "verbose": verbose}
+        if dynamic_shapes is not None:
+            kwargs["dynamic_shapes"] = dynamic_shapes
+        if opset_version is not None:
+            kwargs["opset_version"] = opset_version
+        if custom_translation_table:
+            kwargs["custom_translation_table"] = dict(custom_translation_table)
+        return torch.onnx.export(model, args, **kwargs)
+    from torch.onnx import _constants
+    from torch.onnx._internal.exporter import _core
+
+    opset = _constants.ONNX_DEFAULT_OPSET if opset_version is None else opset_version
+    used = registry(opset)
+    if custom_translation_table:
+        used = _with_translations(used, custom_translation_table)
+    return _core.export(
+        model,
+        args,
+        None,
+        registry=used,
+        dynamic_shapes=None,
+        verbose=verbose,
+        optimize=True,
+        opset_version=opset,
+    )
