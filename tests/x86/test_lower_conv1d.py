@@ -1,7 +1,7 @@
 """quantweave_x86.lower on quantized conv1d: Whisper's encoder stem compiles and runs (issue #24).
 
 torch 2.13's fake kernel of inductor's int8 conv (``onednn.qconv_pointwise``) records a conv1d's
-output length ``k - 1`` too long; an op after the conv that checks the length (Whisper's
+output length as if its kernel were 1; an op after the conv that checks the length (Whisper's
 ``+ positions``, a flatten into a fixed width) failed to compile. ``lower`` compiles each quantized
 conv1d as the equivalent conv2d, still an int8 conv.
 """

@@ -3,7 +3,8 @@
 torch 2.13's inductor lowers a quantized conv1d to ``onednn.qconv_pointwise`` with the weight
 prepacked as ``[out, in, 1, k]``, but the op's fake (meta) kernel takes that weight's dims 2..
 as the kernel of the input's spatial dims: for a conv1d it reads a kernel of 1 instead of ``k``
-and records an output length ``k - 1`` (before the stride) too long. Inductor's lowering itself
+and records an output length as if the kernel were 1 (``dilation * (k - 1)`` too long before the
+stride). Inductor's lowering itself
 computes the right length, so a graph where nothing checks the length compiles; one where a
 later op does (``y.permute(0, 2, 1) + positions`` in Whisper's encoder, a reshape, a cat) fails
 in inductor's fake-tensor pass with "Attempting to broadcast a dimension ...".

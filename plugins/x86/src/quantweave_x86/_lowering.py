@@ -13,7 +13,7 @@ patterns into oneDNN int8 convolutions and linears) and returns a :class:`Lowere
   add fusion asserts when both operands of the add are the linear's (conv's) output.
 - A quantized conv1d is compiled as the conv2d over a height of 1 (the same values, still an
   int8 conv): torch 2.13's fake kernel of inductor's int8 conv records a conv1d's output length
-  ``k - 1`` too long, and a later op that checks it (Whisper's ``+ positions``) fails to compile.
+  as if its kernel were 1, and a later op that checks it (Whisper's ``+ positions``) fails to compile.
 - On a CPU without VNNI or AMX (AVX2 / AVX-512 without VNNI), oneDNN multiplies uint8 by
   int8 with 16-bit intermediate sums that saturate on activations in [0, 255]: ``lower``
   warns (``quantweave.MisuseWarning``) naming a full-range quantize and the fix, quantizing
