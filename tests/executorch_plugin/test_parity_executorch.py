@@ -68,12 +68,10 @@ def _frozen(converted):
     )
 
 
-def test_same_annotations_qparams_outputs_and_programs_as_executorchs_composition():
-    model = tiny_decoder_lm(vocab=4096)
-    prompts = lm_prompts(model, 3)
-    prepared, converted = flow(
-        model, prompts, ExecuTorchQuantizer("llm", act_granularity=PARITY), qw.prepare_pt2e, qw.convert_pt2e
-    )
+def test_same_annotations_qparams_outputs_and_programs_as_executorchs_composition(lm4096_per_tensor):
+    # ours: ExecuTorchQuantizer("llm", act_granularity=PARITY) on the vocab-4096 LM, calibrated on the 3
+    # prompts in order and lowered, shared with test_executorch_runtime (tests/executorch_plugin/conftest.py)
+    model, prompts, prepared, converted, program = lm4096_per_tensor
     peer_prepared, peer_converted = flow(model, prompts, peer_quantizer(), ao.prepare_pt2e, ao.convert_pt2e)
     ours = annotations(prepared)
     assert len(ours) == 2 + 9  # two tables, nine linears
@@ -82,7 +80,7 @@ def test_same_annotations_qparams_outputs_and_programs_as_executorchs_compositio
     assert _frozen(converted) == _frozen(peer_converted)
     x = prompts[:1]
     assert torch.equal(converted(x), peer_converted(x))
-    program, peer_program = qe.to_executorch(converted, (x,)), qe.to_executorch(peer_converted, (x,))
+    peer_program = qe.to_executorch(peer_converted, (x,))
     assert len(program.buffer) == len(peer_program.buffer)
     assert program.kernels == peer_program.kernels and program.delegated == peer_program.delegated
     assert torch.equal(program.load()(x)[0], peer_program.load()(x)[0])
