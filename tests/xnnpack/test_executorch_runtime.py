@@ -5,9 +5,10 @@ For each model x config: every quantized compute node is inside an XNNPACK deleg
 quantize/dequantize, conv, linear, add, mul, cat, pooling or shape op left to ExecuTorch's
 portable kernels), and the runtime's output matches the converted (reference q/dq) model
 within one quantization step of the output after post-training quantization. Measured
-exceptions, asserted as such: after QAT the MobileNet-like model's output is up to two
-steps off on 6 of 20 elements (one-step rounding flips in its 17 requantizing layers add
-up); dynamic models have a float output (XNNPACK quantizes each row of an activation at
+exceptions, asserted as such: after QAT the MobileNet-like model's output may be up to two
+steps off (measured on its five-block form: 6 of 20 elements, one-step rounding flips in its
+17 requantizing layers add up; the tests now use a two-block form, _cases.MODELS, under the
+same bound); dynamic models have a float output (XNNPACK quantizes each row of an activation at
 run time, the reference the whole tensor), so there the bound is a signal-to-noise ratio.
 The QAT conv_transpose decoder's batch norms are folded at convert, as for convs.
 """
@@ -104,6 +105,17 @@ def _lower_4bit(model, config, linear_config=None):
 FOUR_BIT = {"weight_qmin": -8, "weight_qmax": 7}
 
 
+def _conv_head():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, 2, 1),
+        torch.nn.Hardtanh(0, 6),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(16, 10),
+    ).eval()
+
+
 def test_4bit_per_channel_linear_weights_are_packed_and_run(lowered):
     """What ExecuTorch 1.5.1 does with weight_qmin=-8, weight_qmax=7: per-channel 4-bit
     linear weights are taken as XNNPACK 4-bit weights (packed two per byte: the program
@@ -131,14 +143,13 @@ def test_4bit_per_channel_linear_weights_are_packed_and_run(lowered):
 def test_4bit_per_channel_conv_weights_do_not_lower_in_executorch_1_5_1():
     """ExecuTorch 1.5.1's XNNPACK partitioner takes any per-channel [-8, 7] weight for a
     4-bit weight and packs only 2-D (linear) ones: a conv with 4-bit per-channel weights
-    fails to lower. Use 4-bit for linear only (set_operator_type), or per-tensor."""
-    from quantweave.testing import models
-
-    converted, inputs = _lower_4bit(models.mobilenet_v2_like(), {"is_per_channel": True, **FOUR_BIT})
+    fails to lower. Use 4-bit for linear only (set_operator_type), or per-tensor. On a conv +
+    pool + linear head (the MobileNet-like model's tail: a lowering costs per node)."""
+    converted, inputs = _lower_4bit(_conv_head(), {"is_per_channel": True, **FOUR_BIT})
     with pytest.raises(AssertionError, match="qc4w"):
         qx.to_executorch(converted, inputs)
     converted, inputs = _lower_4bit(
-        models.mobilenet_v2_like(), {"is_per_channel": True}, linear_config={"is_per_channel": True, **FOUR_BIT}
+        _conv_head(), {"is_per_channel": True}, linear_config={"is_per_channel": True, **FOUR_BIT}
     )
     program = qx.to_executorch(converted, inputs)
     assert not any("quantize" in op for op in program.not_delegated), program.summary()
