@@ -24,6 +24,7 @@ renders the table of one or several runs (e.g. the zoo's tests split over proces
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import json
@@ -139,9 +140,47 @@ LLM_MODELS = ("bert", "gpt2", "llama", "qwen2", "distilbert", "whisper_encoder")
 CASES = [(m, p) for m in BUILDERS for p in PLUGINS if p != "llm" or m in LLM_MODELS]
 
 
-def _flow(zoo: ZooModel, quantizer: Any, prepare: Callable[..., Any], convert: Callable[..., Any]) -> GraphModule:
-    exported = torch.export.export(zoo.model, zoo.inputs).module()
-    prepared = prepare(exported, quantizer)
+@functools.cache
+def exported(name: str) -> GraphModule:
+    """``name``'s float model, exported once a run (``torch.export.export(...).module()``) and
+    shared by every plugin's flow: ours is given it as it is (and must leave it unchanged:
+    :func:`measure` checks), the peer a deep copy (torchao's ``prepare_pt2e`` annotates the
+    graph it is given)."""
+    zoo = zoo_model(name)
+    return torch.export.export(zoo.model, zoo.inputs).module()
+
+
+@functools.cache
+def reference(name: str) -> torch.Tensor:
+    """The float model's output on its example inputs (computed once a run)."""
+    zoo = zoo_model(name)
+    with torch.no_grad():
+        return zoo.model(*zoo.inputs)
+
+
+def fingerprint(gm: GraphModule) -> tuple[str, tuple[tuple[str, ...], ...], dict[str, torch.Tensor]]:
+    """What a flow must not change in the model it is given: the graph's code, each node's
+    meta keys, and copies of the parameters and buffers."""
+    meta = tuple((n.name, *sorted(n.meta)) for n in gm.graph.nodes)
+    return gm.code, meta, {k: v.detach().clone() for k, v in gm.state_dict().items()}
+
+
+def changes(before: tuple[Any, ...], gm: GraphModule) -> list[str]:
+    """What differs between ``before`` (a :func:`fingerprint`) and ``gm`` now."""
+    code, meta, tensors = fingerprint(gm)
+    found = [] if code == before[0] else ["the graph's code"]
+    found += [] if meta == before[1] else ["node meta"]
+    if tensors.keys() != before[2].keys():
+        found.append("the parameters / buffers held")
+    else:
+        found += [k for k, v in tensors.items() if not torch.equal(v, before[2][k])]
+    return found
+
+
+def _flow(
+    zoo: ZooModel, model: GraphModule, quantizer: Any, prepare: Callable[..., Any], convert: Callable[..., Any]
+) -> GraphModule:
+    prepared = prepare(model, quantizer)
     with torch.no_grad():
         for batch in zoo.calibration:
             prepared(*batch)
@@ -213,26 +252,31 @@ def measure(name: str, plugin: str) -> Measurement:
 
     start = time.perf_counter()
     zoo = zoo_model(name)
-    with torch.no_grad():
-        reference = zoo.model(*zoo.inputs)
+    reference_output = reference(name)
+    shared = exported(name)
+    before = fingerprint(shared)
+    peer_model = copy.deepcopy(shared)  # taken first: a change by ours would not reach the peer's flow
     ours, peer = _quantizers(plugin)
     result: dict[str, Any] = {}
     try:
-        converted = _flow(zoo, ours, qw.prepare_pt2e, qw.convert_pt2e)
+        converted = _flow(zoo, shared, ours, qw.prepare_pt2e, qw.convert_pt2e)
         result["quantized"], result["weighted"] = coverage(converted)
         with torch.no_grad():
-            result["sqnr"] = sqnr(reference, converted(*zoo.inputs))
+            result["sqnr"] = sqnr(reference_output, converted(*zoo.inputs))
         run = _lower(plugin, converted, zoo.inputs)
-        result["runtime_sqnr"] = sqnr(reference, run(*zoo.inputs))
+        result["runtime_sqnr"] = sqnr(reference_output, run(*zoo.inputs))
         result["loads"] = True
+        changed = changes(before, shared)
+        if changed:
+            raise AssertionError(f"the exported model given to prepare_pt2e was changed: {', '.join(changed)}")
     except Exception as error:  # recorded: the tests say what failed
         result["error"] = _short(error)
         result["traceback"] = traceback.format_exc()
     try:
-        theirs = _flow(zoo, peer(), ao.prepare_pt2e, ao.convert_pt2e)
+        theirs = _flow(zoo, peer_model, peer(), ao.prepare_pt2e, ao.convert_pt2e)
         result["peer_quantized"], result["peer_weighted"] = coverage(theirs)
         with torch.no_grad():
-            result["peer_sqnr"] = sqnr(reference, theirs(*zoo.inputs))
+            result["peer_sqnr"] = sqnr(reference_output, theirs(*zoo.inputs))
     except Exception as error:  # the peer failing is a finding, not a failure of ours
         result["peer_error"] = _short(error)
     result.pop("traceback", None)

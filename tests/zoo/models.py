@@ -88,17 +88,39 @@ def resnet() -> ZooModel:
     return _vision("resnet", ResNetModel(config))
 
 
+#: MobileNetV2's inverted-residual blocks kept (of its 16): the first (stride 2), the first
+#: residual one (stride 1, same channels) and every one that changes the channels (stride 2 or
+#: 1); the others repeat these. With ``depth_multiplier=0.25`` their channels are 8 -> 8 (s2),
+#: 8 -> 8 (residual), 8 -> 16 (s2), 16 -> 24, 24 -> 40 (s2), 40 -> 80.
+MOBILENET_V2_BLOCKS = (0, 1, 5, 9, 12, 15)
+
+
 def mobilenet_v2() -> ZooModel:
     from transformers import MobileNetV2Config, MobileNetV2Model
 
     config = MobileNetV2Config(image_size=IMAGE, depth_multiplier=0.25, min_depth=4, finegrained_output=False)
-    return _vision("mobilenet_v2", MobileNetV2Model(config, add_pooling_layer=False))
+    model = MobileNetV2Model(config, add_pooling_layer=False)
+    model.layer = nn.ModuleList(model.layer[i] for i in MOBILENET_V2_BLOCKS)
+    return _vision("mobilenet_v2", model)
 
 
 def efficientnet() -> ZooModel:
     from transformers import EfficientNetConfig, EfficientNetModel
 
-    config = EfficientNetConfig(image_size=IMAGE, width_coefficient=0.25, depth_coefficient=0.1, hidden_dim=320)
+    # the first three of EfficientNet-B0's seven stages (expansion 1 then 6, kernels 3 and 5, strides 1 and 2),
+    # the second repeated once: a block with the residual connection (the first block of a stage has none)
+    config = EfficientNetConfig(
+        image_size=IMAGE,
+        width_coefficient=0.25,
+        depth_coefficient=1.0,
+        kernel_sizes=[3, 3, 5],
+        in_channels=[32, 16, 24],
+        out_channels=[16, 24, 40],
+        strides=[1, 2, 2],
+        num_block_repeats=[1, 2, 1],
+        expand_ratios=[1, 6, 6],
+        hidden_dim=320,
+    )
     return _vision("efficientnet", EfficientNetModel(config))
 
 
@@ -123,7 +145,7 @@ def vit() -> ZooModel:
         image_size=IMAGE,
         patch_size=8,
         hidden_size=32,
-        num_hidden_layers=2,
+        num_hidden_layers=1,
         num_attention_heads=2,
         intermediate_size=64,
     )
@@ -143,7 +165,7 @@ def bert() -> ZooModel:
     config = BertConfig(
         vocab_size=VOCAB,
         hidden_size=32,
-        num_hidden_layers=2,
+        num_hidden_layers=1,
         num_attention_heads=2,
         intermediate_size=64,
         max_position_embeddings=64,
@@ -155,7 +177,7 @@ def distilbert() -> ZooModel:
     from transformers import DistilBertConfig, DistilBertModel
 
     config = DistilBertConfig(
-        vocab_size=VOCAB, dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=64
+        vocab_size=VOCAB, dim=32, n_layers=1, n_heads=2, hidden_dim=64, max_position_embeddings=64
     )
     return _language("distilbert", DistilBertModel(config), "last_hidden_state")
 
@@ -163,7 +185,7 @@ def distilbert() -> ZooModel:
 def gpt2() -> ZooModel:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2, n_positions=64)
+    config = GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2, n_positions=64)
     return _language("gpt2", GPT2LMHeadModel(config), "logits")
 
 
@@ -172,7 +194,7 @@ DECODER = dict(
     vocab_size=VOCAB,
     hidden_size=32,
     intermediate_size=64,
-    num_hidden_layers=2,
+    num_hidden_layers=1,
     num_attention_heads=2,
     num_key_value_heads=1,
     max_position_embeddings=64,
@@ -201,7 +223,7 @@ def whisper_encoder() -> ZooModel:
     config = WhisperConfig(
         num_mel_bins=mels,
         d_model=32,
-        encoder_layers=2,
+        encoder_layers=1,
         encoder_attention_heads=2,
         encoder_ffn_dim=64,
         max_source_positions=positions,

@@ -39,9 +39,13 @@ INTRO = f"""# The zoo: real architectures through every plugin
 Generated, do not edit: `{COMMAND}` (from the repository root, with the `zoo` tox env's
 packages: `tox -e zoo` runs the same measurements as tests and checks this file against them).
 
-Architectures from `transformers` configs with random initialisation, small sizes
-(tests/zoo/models.py: 1-2 layers or blocks per stage, 32x32 images, 16 tokens; batch-norm
-statistics from train-mode passes). Per model and plugin, measured in one run:
+Architectures from `transformers` configs with random initialisation, small sizes that keep
+each architecture's kinds of blocks and weighted ops (tests/zoo/models.py: 1 layer for the
+transformers, 1 block per stage for ResNet, ConvNeXt, RegNet and Swin, 6 of MobileNetV2's 16
+inverted-residual blocks, EfficientNet-B0's first 3 stages; 32x32 images, 16 tokens; batch-norm
+statistics from train-mode passes). Each float model is exported once and shared by every
+plugin's flow (ours must leave it unchanged; the peer gets a copy). Per model and plugin,
+measured in one run:
 
 - **coverage**: weighted ops (conv, linear, addmm / mm / matmul with a constant operand,
   embedding) whose weight is quantized in the converted graph / all of them;

@@ -3,6 +3,11 @@ sizes) through x86 (inductor), xnnpack (ExecuTorch runtime) and the executorch "
 against the peers measured in the same run (tests/zoo/measure.py says what is measured and
 how). Tox env ``zoo``; docs/zoo.md is the table of this run (tests/zoo/table.py).
 
+Each float model is exported once a run and shared by every plugin's flow: ours is given it
+as it is and must leave it unchanged (a change is recorded as an error of ours, failing
+``test_program_lowers_loads_and_runs``); the peer gets a deep copy (torchao's ``prepare_pt2e``
+annotates and rewrites the graph it is given).
+
 Held: every program of ours lowers, loads and runs; our coverage (weighted ops quantized) is
 at least the peer's; where the coverage is equal our SQNR is not below the peer's by more
 than 0.3 dB. Cases failing today for a gap another change is fixing are marked
@@ -24,18 +29,13 @@ pytest.importorskip("executorch.exir", reason="needs ExecuTorch 1.5.1 (tox -e zo
 pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e", reason="needs torchao 0.18 (tox -e zoo)")
 
 from . import table  # noqa: E402
-from .measure import CASES, coverage, measure, zoo_model  # noqa: E402
+from .measure import CASES, changes, coverage, fingerprint, measure, zoo_model  # noqa: E402
 from .models import BUILDERS  # noqa: E402
 
 SQNR_MARGIN = 0.3  #: dB our SQNR may be below the peer's at equal coverage
 
 #: (model, plugin, what) -> the gap, fixed on another branch, that makes the assertion fail today
-KNOWN_GAPS: dict[tuple[str, str, str], str] = {
-    ("whisper_encoder", "x86", "loads"): (
-        "found by the zoo, not fixed yet: quantweave_x86.lower (inductor) raises 'Attempting to broadcast a "
-        "dimension of length 16' on Whisper's encoder; the converted model runs"
-    ),
-}
+KNOWN_GAPS: dict[tuple[str, str, str], str] = {}
 
 
 def _cases(what: str) -> list[object]:
@@ -113,6 +113,25 @@ def test_coverage_counts_weights_through_dequantize_and_addmm():
         dq = gm.graph.call_function(dequantize, (linear.args[1], 0.1, 0, -128, 127, torch.int8))
     linear.replace_input_with(linear.args[1], dq)
     assert coverage(gm) == (1, 2)
+
+
+def test_changes_names_what_a_flow_changed_in_the_shared_model():
+    """The check that ours leaves the shared exported model alone sees a rewritten graph, new
+    node meta and a parameter changed in place, and nothing when nothing changed."""
+    gm = torch.export.export(torch.nn.Linear(4, 4), (torch.randn(2, 4),)).module()
+    before = fingerprint(gm)
+    assert changes(before, gm) == []
+    next(n for n in gm.graph.nodes if n.op == "call_function").meta["quantization_annotation"] = None
+    assert changes(before, gm) == ["node meta"]
+    with torch.no_grad():
+        gm.weight.add_(1.0)
+    assert changes(before, gm) == ["node meta", "weight"]
+    linear = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.linear.default)
+    with gm.graph.inserting_after(linear):
+        relu = gm.graph.call_function(torch.ops.aten.relu.default, (linear,))
+    linear.replace_all_uses_with(relu, delete_user_cb=lambda user: user is not relu)
+    gm.recompile()
+    assert changes(before, gm)[0] == "the graph's code"
 
 
 def test_docs_table_agrees_with_this_run():
