@@ -6,9 +6,12 @@ Every env of tox's default envlist (``tox -l``) is run as its own ``tox -e ENV``
 written to ``DIR/ENV.log`` (default ``.tox/ci-logs``). Envs start longest first (tox.ini's envlist
 order), so the short ones fill in beside the long ones. Printed, a line each: when an env starts, when
 it ends (duration, OK / FAILED and its pytest summary), a heartbeat every minute naming what runs; at
-the end a table (env, start, end, duration, result), the wall time with the load average, each failed
-env's last lines, and the tests of every env added up. Exit status: 0 when every env passed.
-Standard library only: it runs with the interpreter tox is installed in.
+the end a table (env, start, end, duration, the env's set-up as tox reports it, the CPU time of the env's
+processes and that CPU time over the duration, result), the wall time with the load average, how busy the
+cores were (every env's CPU time over wall time x cores: well under 100 % means slots sat idle, e.g. in
+set-up, and a third slot could help; near 100 % means it cannot), each failed env's last lines, and the
+tests of every env added up. Exit status: 0 when every env passed.
+Standard library only: it runs with the interpreter tox is installed in (POSIX: os.wait4).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: pytest's closing line, e.g. "==== 1229 passed, 3 skipped, 2 xfailed in 401.2s ===="
 SUMMARY = re.compile(r"^=+ (?P<body>(?:\d+ \w+(?:, )?)+) in [\d.]+s")
 COUNT = re.compile(r"(\d+) (\w+)")
+#: tox's closing line of an env, e.g. "  core: OK (56.76=setup[12.92]+cmd[43.84] seconds)"
+TOX_SETUP = re.compile(r"^\s*\S+: .*\(([\d.]+)=setup\[([\d.]+)\]\+cmd\[[\d.,]*\] seconds\)")
 
 
 def clock(at: float) -> str:
@@ -59,17 +64,30 @@ def pytest_counts(log: Path) -> dict[str, int]:
     return counts
 
 
+def tox_setup(log: Path) -> float | None:
+    """The set-up time (env made and filled; commands_pre count as commands) tox reports for the env."""
+    for line in reversed(log.read_text(errors="replace").splitlines()):
+        match = TOX_SETUP.match(line)
+        if match:
+            return float(match[2])
+    return None
+
+
 class Job:
     def __init__(self, env: str, logs: Path, tox: list[str]) -> None:
         self.env, self.log, self.tox = env, logs / f"{env}.log", tox
         self.start = self.end = 0.0
         self.code: int | None = None
+        self.cpu = 0.0  # user + system seconds of tox and every process it waited for
 
     def run(self) -> None:
         self.start = time.time()
         with self.log.open("w") as out:
-            self.code = subprocess.call([*self.tox, "-e", self.env], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+            proc = subprocess.Popen([*self.tox, "-e", self.env], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = self.code = os.waitstatus_to_exitcode(status)
         self.end = time.time()
+        self.cpu = usage.ru_utime + usage.ru_stime
 
     @property
     def result(self) -> str:
@@ -118,13 +136,23 @@ def main(argv: list[str] | None = None) -> int:
             say(f"running {busy}; {len(jobs) - len(waiting) - len(running)} of {len(jobs)} done ({load()})")
 
     wall = time.time() - began
-    print(f"\n{'env':<12} {'start':>8} {'end':>8} {'duration':>9}  result")
+    print(f"\n{'env':<12} {'start':>8} {'end':>8} {'duration':>9} {'set-up':>7} {'CPU':>8} {'CPU/dur':>7}  result")
     for job in jobs:
+        took, setup = job.end - job.start, tox_setup(job.log)
         print(
-            f"{job.env:<12} {clock(job.start):>8} {clock(job.end):>8} {duration(job.end - job.start):>9}  {job.result}"
+            f"{job.env:<12} {clock(job.start):>8} {clock(job.end):>8} {duration(took):>9} "
+            f"{'?' if setup is None else f'{setup:.0f}s':>7} {duration(job.cpu):>8} {job.cpu / max(took, 1e-9):>7.0%}"
+            f"  {job.result}"
         )
     failed = [job for job in jobs if job.code != 0]
     print(f"wall time {duration(wall)} for {len(jobs)} envs, {args.parallel} at a time ({load()} at the end)")
+    cores = os.cpu_count() or 1
+    cpu = sum(job.cpu for job in jobs)
+    print(
+        f"CPU time of the envs {duration(cpu)}, {cpu / max(wall * cores, 1e-9):.0%} of wall time x {cores} cores; "
+        f"set-up (tox's figures) {duration(sum(tox_setup(job.log) or 0 for job in jobs))} of env time "
+        f"{duration(sum(job.end - job.start for job in jobs))}"
+    )
     for job in failed:
         tail = job.log.read_text(errors="replace").splitlines()[-60:]
         print(f"\n---- {job.env} failed; last lines of {job.log}:\n" + "\n".join(tail))

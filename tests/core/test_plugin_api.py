@@ -1,5 +1,6 @@
 """The plugin contract: a leaf module, a compatibility policy, plugins that extend the vocabulary."""
 
+import json
 import subprocess
 import sys
 
@@ -31,23 +32,29 @@ class Api1Plugin:
         return [QuantizerInfo("old", Nothing, (Capability("add", "static", ACT),))]
 
 
-def test_plugin_api_imports_neither_the_loader_nor_pluggy():
+@pytest.fixture(scope="module")
+def imported_modules() -> dict[str, list[str]]:
+    """One fresh interpreter: the modules loaded after ``import quantweave.plugin_api`` alone, then
+    after ``import quantweave`` (importing the contract first hides nothing the second would load)."""
     code = (
-        "import sys, quantweave.plugin_api\n"
-        "bad = sorted(m for m in sys.modules if m == 'quantweave.registry' or m.startswith('pluggy'))\n"
-        "print(','.join(bad))"
+        "import json, sys\n"
+        "import quantweave.plugin_api\n"
+        "after_api = sorted(sys.modules)\n"
+        "import quantweave\n"
+        "print(json.dumps({'plugin_api': after_api, 'quantweave': sorted(sys.modules)}))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-    assert out == ""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
-def test_import_quantweave_imports_no_plugin():
-    code = (
-        "import sys, quantweave\n"
-        "print(','.join(sorted(m for m in sys.modules if m.startswith('quantweave_') or m == 'quantweave.registry')))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-    assert out == ""
+def test_plugin_api_imports_neither_the_loader_nor_pluggy(imported_modules):
+    bad = [m for m in imported_modules["plugin_api"] if m == "quantweave.registry" or m.startswith("pluggy")]
+    assert bad == []
+
+
+def test_import_quantweave_imports_no_plugin(imported_modules):
+    bad = [m for m in imported_modules["quantweave"] if m.startswith("quantweave_") or m == "quantweave.registry"]
+    assert bad == []
 
 
 def test_hookimpl_marks_what_pluggy_reads():
