@@ -4,6 +4,7 @@ and comparing the converted models."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 import warnings
@@ -63,15 +64,24 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[], tuple[torch.Tensor
 }
 
 
+_EXPORTED: dict[str, tuple[torch.fx.GraphModule, list[tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...]]] = {}
+
+
 def exported(model_name: str) -> tuple[torch.fx.GraphModule, list[tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...]]:
     """The model exported (``.module(check_guards=False)``: Arm's and Cortex-M's passes reject
-    the guard call), four calibration batches and a test input; seeded."""
-    make_model, make_input = MODELS[model_name]
-    torch.manual_seed(0)
-    model = make_model().eval()
-    batches = [make_input() for _ in range(4)]
-    test = make_input()
-    return torch.export.export(model, batches[0]).module(check_guards=False), batches, test
+    the guard call), four calibration batches and a test input; seeded. Exported once per
+    process: each call returns its own deep copy of the graph module (prepare_pt2e folds batch
+    norms and inserts observers in place), so torchao's and quantweave's runs start from the
+    same graph and parameters, as they did when each exported afresh."""
+    if model_name not in _EXPORTED:
+        make_model, make_input = MODELS[model_name]
+        torch.manual_seed(0)
+        model = make_model().eval()
+        batches = [make_input() for _ in range(4)]
+        test = make_input()
+        _EXPORTED[model_name] = (torch.export.export(model, batches[0]).module(check_guards=False), batches, test)
+    gm, batches, test = _EXPORTED[model_name]
+    return copy.deepcopy(gm), list(batches), test
 
 
 QDQ = ("quantize_", "dequantize_")
@@ -126,7 +136,7 @@ def parity(name: str, build: Callable[[], Any], quantizer: Any, model_name: str)
     start = time.perf_counter()
     reference = run_torchao(build, model_name)
     ours = run_quantweave(quantizer, model_name)
-    _, _, test = exported(model_name)
+    test = _EXPORTED[model_name][2]
     with torch.no_grad():
         diff = (reference(*test) - ours(*test)).abs().max().item()
     return Parity(name, model_name, qdq_count(reference), qdq_count(ours), diff, time.perf_counter() - start)

@@ -215,14 +215,13 @@ def test_cli_shows_derived_capabilities(capsys):
     assert "static*" in out and "dynamic*" in out and "*: derived by probing" in out
 
 
-def _python(code: str) -> str:
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout.strip().splitlines()[-1]
-
-
-def test_loading_the_plugin_imports_no_vendor_package():
-    out = _python(
+@pytest.fixture(scope="module")
+def fresh_process() -> tuple[list, list, str, list]:
+    """One fresh interpreter (a subprocess: this one has imported every vendor) that first
+    loads the plugin and lists its quantizers, recording which heavy modules that imported,
+    then builds litert-torch's quantizer and records which litert_torch modules are loaded:
+    the second step comes after the first, so it cannot hide what loading the plugin did."""
+    code = (
         "import sys, json\n"
         "from quantweave.registry import PluginManager\n"
         "import quantweave_vendors.plugin as p\n"
@@ -230,20 +229,25 @@ def test_loading_the_plugin_imports_no_vendor_package():
         "pm.register('vendors', p)\n"
         "names = sorted(pm.quantizer_infos())\n"
         "heavy = ('executorch', 'torchao', 'nncf', 'openvino', 'litert_torch', 'tosa_serializer')\n"
-        "print(json.dumps([names, [m for m in heavy if m in sys.modules]]))\n"
+        "imported = [m for m in heavy if m in sys.modules]\n"
+        "from quantweave_vendors._vendors import BY_NAME\n"
+        "q = BY_NAME['litert-pt2e'].build()\n"
+        "litert = sorted(m for m in sys.modules if m.startswith('litert_torch'))\n"
+        "print(json.dumps([names, imported, type(q).__module__, litert]))\n"
     )
-    names, imported = json.loads(out)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    names, imported, module, loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    return names, imported, module, loaded
+
+
+def test_loading_the_plugin_imports_no_vendor_package(fresh_process):
+    names, imported, _, _ = fresh_process
     assert len(names) == len(VENDORS) and imported == []
 
 
-def test_litert_quantizer_is_imported_past_the_package_init():
-    out = _python(
-        "import sys, json\n"
-        "from quantweave_vendors._vendors import BY_NAME\n"
-        "q = BY_NAME['litert-pt2e'].build()\n"
-        "print(json.dumps([type(q).__module__, sorted(m for m in sys.modules if m.startswith('litert_torch'))]))\n"
-    )
-    module, loaded = json.loads(out)
+def test_litert_quantizer_is_imported_past_the_package_init(fresh_process):
+    _, _, module, loaded = fresh_process
     assert module == "litert_torch.quantize.pt2e_quantizer"
     # only the quantizer module and the helpers it imports: litert_torch/__init__ (the converter
     # stack) never ran, and no bare parent package is left behind
