@@ -44,9 +44,15 @@ def _freeze(value: Any) -> Any:
 
 
 def _key(pattern: Callable, example_inputs: tuple, is_cuda: bool, kwargs: dict) -> Any:
+    wrapped = isinstance(pattern, torch.nn.Module)
+    if wrapped:  # torchao's WrapperModule(fn): a module holding only the pattern function
+        if type(pattern).__name__ != "WrapperModule" or list(pattern.state_dict()) or list(pattern.children()):
+            return _MISS
+        pattern = pattern.fn
     if not isinstance(pattern, types.FunctionType):
         return _MISS
     parts = [
+        wrapped,
         pattern.__code__,
         _freeze(tuple(c.cell_contents for c in pattern.__closure__ or ())),
         _freeze(tuple(pattern.__defaults__ or ())),
