@@ -2,13 +2,14 @@
 
 torchao 0.18's ``convert_pt2e`` always runs ``_fold_conv_bn_qat``, and ``prepare_qat_pt2e`` runs
 ``_fuse_conv_bn_qat``: each builds its match and replacement patterns afresh with
-``torch.export`` (``_get_aten_graph_module_for_pattern``), 32 exports per ``convert_pt2e`` call
-whether the model has a batch norm or not, about 90 % of a parity test's time (measured with
-cProfile: 96 of 102 exports in ``test_bn_folding_coverage_equals_torchao``). The pattern graph
+``torch.export`` (``_get_aten_graph_module_for_pattern``) on every call where a batch norm is
+left in the graph: 32 exports per such ``convert_pt2e``, about 90 % of a parity test's time
+(cProfile: 96 of 102 exports in ``test_bn_folding_coverage_equals_torchao``). The pattern graph
 depends only on the pattern function (its code, defaults and closure: the conv function and
-flags) and the shapes and dtypes of the example inputs, so this memoizes it on exactly that and
-hands each caller its own deep copy: torchao's own algorithm runs unchanged on the same graphs.
-A pattern whose closure or defaults hold anything else (a tensor, an object) is exported afresh.
+flags; torchao passes it wrapped in its ``WrapperModule``) and the shapes and dtypes of the
+example inputs, so this memoizes it on exactly that and hands each caller its own deep copy:
+torchao's own algorithm runs unchanged on the same graphs. A pattern whose closure or defaults
+hold anything else (a tensor, an object) is exported afresh.
 """
 
 from __future__ import annotations
@@ -44,9 +45,15 @@ def _freeze(value: Any) -> Any:
 
 
 def _key(pattern: Callable, example_inputs: tuple, is_cuda: bool, kwargs: dict) -> Any:
+    wrapped = isinstance(pattern, torch.nn.Module)
+    if wrapped:  # torchao's WrapperModule(fn): a module holding only the pattern function
+        if type(pattern).__name__ != "WrapperModule" or list(pattern.state_dict()) or list(pattern.children()):
+            return _MISS
+        pattern = pattern.fn
     if not isinstance(pattern, types.FunctionType):
         return _MISS
     parts = [
+        wrapped,
         pattern.__code__,
         _freeze(tuple(c.cell_contents for c in pattern.__closure__ or ())),
         _freeze(tuple(pattern.__defaults__ or ())),
