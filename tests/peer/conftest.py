@@ -18,10 +18,3 @@ def torchao_api() -> types.SimpleNamespace:
 def torchao_flow():
     return torchao_pt2e.prepare_pt2e, torchao_pt2e.convert_pt2e
 
-
-@pytest.fixture(scope="session", autouse=True)
-def torchao_patterns_exported_once():
-    """torchao's conv-bn pattern graphs exported once per session (tests/peer/torchao_patterns.py)."""
-    from tests.peer.torchao_patterns import patterns_exported_once
-
-    yield from patterns_exported_once()

@@ -1,4 +1,4 @@
-"""torchao's pattern graphs exported once per test session (the peer and hosting envs).
+"""torchao's pattern graphs exported once per test session (every env where torchao is installed).
 
 torchao 0.18's ``convert_pt2e`` always runs ``_fold_conv_bn_qat``, and ``prepare_qat_pt2e`` runs
 ``_fuse_conv_bn_qat``: each builds its match and replacement patterns afresh with
@@ -15,6 +15,7 @@ hold anything else (a tensor, an object) is exported afresh.
 from __future__ import annotations
 
 import copy
+import sys
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -26,9 +27,13 @@ _PLAIN = (bool, int, float, str, type(None), torch.dtype)
 _MISS = object()
 
 
-def _freeze(value: Any) -> Any:
-    """A hashable key for an example input or a closure value, or _MISS where one is unsafe."""
+def _freeze(value: Any, tensors: bool = False) -> Any:
+    """A hashable key for an example input (``tensors``: a tensor keyed by its shape and dtype,
+    as the export only reads those) or a closure / default value (a tensor there is data the
+    graph may hold: _MISS), or _MISS where one is unsafe."""
     if isinstance(value, torch.Tensor):
+        if not tensors:
+            return _MISS
         return ("tensor", tuple(value.shape), value.dtype, value.requires_grad, value.device.type)
     if isinstance(value, _PLAIN):
         return (type(value).__name__, value)
@@ -39,7 +44,7 @@ def _freeze(value: Any) -> Any:
             return _MISS
         return ("callable", getattr(value, "__module__", None), value.__qualname__, id(value))
     if isinstance(value, (tuple, list)):
-        items = tuple(_freeze(v) for v in value)
+        items = tuple(_freeze(v, tensors) for v in value)
         return _MISS if _MISS in items else (type(value).__name__, items)
     return _MISS
 
@@ -57,10 +62,10 @@ def _key(pattern: Callable, example_inputs: tuple, is_cuda: bool, kwargs: dict) 
         pattern.__code__,
         _freeze(tuple(c.cell_contents for c in pattern.__closure__ or ())),
         _freeze(tuple(pattern.__defaults__ or ())),
-        _freeze(tuple(example_inputs)),
+        _freeze(tuple(example_inputs), tensors=True),
         is_cuda,
         _freeze(tuple(sorted(kwargs))),
-        _freeze(tuple(kwargs[k] for k in sorted(kwargs))),
+        _freeze(tuple(kwargs[k] for k in sorted(kwargs)), tensors=True),
     ]
     return _MISS if _MISS in parts else tuple(parts)
 
@@ -78,23 +83,28 @@ def memoized(original: Callable, cache: dict, stats: dict) -> Callable:
             stats["reused"] += 1
         return copy.deepcopy(cache[key])
 
+    get.__wrapped__ = original  # type: ignore[attr-defined]
     return get
 
 
 def patterns_exported_once() -> Iterator[dict]:
-    """For a session-scoped autouse fixture: patches torchao's pattern export (where torchao
-    is installed) for the session; yields the counts (exported, reused, uncached)."""
+    """For a session-scoped autouse fixture (tests/conftest.py): patches torchao's pattern export
+    (where torchao is installed) for the session, in torchao's ``utils`` and in every module
+    already imported that bound it by name (torchao's ``qat_utils``, ExecuTorch's XNNPACKQuantizer
+    utils: its conv-bn annotators export 4-8 patterns on every annotate); yields the counts
+    (exported, reused, uncached)."""
     stats = {"exported": 0, "reused": 0, "uncached": 0}
     try:
-        from torchao.quantization.pt2e import qat_utils, utils
+        from torchao.quantization.pt2e import qat_utils, utils  # noqa: F401  (qat_utils: loaded to be patched)
     except ImportError:
         yield stats
         return
-    cache: dict = {}
+    original = utils._get_aten_graph_module_for_pattern
+    get = memoized(original, {}, stats)
     patch = pytest.MonkeyPatch()
-    get = memoized(utils._get_aten_graph_module_for_pattern, cache, stats)
-    for module in (utils, qat_utils):
-        patch.setattr(module, "_get_aten_graph_module_for_pattern", get)
+    for module in list(sys.modules.values()):
+        if getattr(module, "_get_aten_graph_module_for_pattern", None) is original:
+            patch.setattr(module, "_get_aten_graph_module_for_pattern", get)
     try:
         yield stats
     finally:
