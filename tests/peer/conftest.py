@@ -17,4 +17,3 @@ def torchao_api() -> types.SimpleNamespace:
 @pytest.fixture(scope="session")
 def torchao_flow():
     return torchao_pt2e.prepare_pt2e, torchao_pt2e.convert_pt2e
-
