@@ -19,6 +19,7 @@ from quantweave._modules.chunked_quantize import quantize_constant
 from quantweave.authoring import annotate_input_qspec_map, dequantize_ops
 from quantweave.observers import PerChannelMinMaxObserver, PerGroupMinMaxObserver
 from quantweave.plugin_api import mark_annotated
+from quantweave.testing.reference import weight_spec
 from tests.helpers import export
 
 dequantize_ops()  # registers torch.ops.quantized_decomposed
@@ -125,14 +126,7 @@ class WeightQuantizer(qw.Quantizer):
     """Weight-only: per-channel int8 linear weights, 4-bit group-wise embedding table."""
 
     def annotate(self, model):
-        per_channel = qw.QuantizationSpec(
-            dtype=torch.int8,
-            quant_min=-127,
-            quant_max=127,
-            qscheme=torch.per_channel_symmetric,
-            ch_axis=0,
-            observer_or_fake_quant_ctr=PerChannelMinMaxObserver,
-        )
+        per_channel = weight_spec(qw, PerChannelMinMaxObserver, narrow=True)
         group = qw.QuantizationSpec(
             dtype=torch.int8,
             quant_min=-8,

@@ -11,6 +11,7 @@ from torch import nn
 import quantweave as qw
 from quantweave.convert import choose_qparams_ops
 from quantweave.observers import MinMaxObserver, PerChannelMinMaxObserver, PlaceholderObserver
+from quantweave.testing.reference import weight_spec
 from tests.helpers import assert_names
 
 qw.dequantize_ops()  # registers torch.ops.quantized_decomposed
@@ -32,14 +33,7 @@ def act_spec(per_token=True, **overrides):
     return qw.QuantizationSpec(**fields)
 
 
-WEIGHT = qw.QuantizationSpec(
-    dtype=torch.int8,
-    quant_min=-127,
-    quant_max=127,
-    qscheme=torch.per_channel_symmetric,
-    ch_axis=0,
-    observer_or_fake_quant_ctr=PerChannelMinMaxObserver,
-)
+WEIGHT = weight_spec(qw, PerChannelMinMaxObserver, narrow=True)
 
 
 class DynamicLinearQuantizer(qw.Quantizer):
