@@ -44,25 +44,9 @@ import warnings
 from typing import Any
 
 import torch
+from bench_executorch_llm import latency  # the same interleaved rounds (this script's directory is on sys.path)
 
 warnings.filterwarnings("ignore")
-
-
-def latency(runners: dict[str, Any], inputs: tuple[torch.Tensor, ...], iters: int, rounds: int = 5) -> dict:
-    """Median seconds per forward call of each loaded program, timed in interleaved rounds."""
-    for runner in runners.values():
-        for _ in range(max(3, iters // 10)):
-            runner(*inputs)
-    times: dict[str, list[float]] = {name: [] for name in runners}
-    per_round = max(1, iters // rounds)
-    names = list(runners)
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            for _ in range(per_round):
-                start = time.perf_counter()
-                runners[name](*inputs)
-                times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def quantize_anchor(model: torch.nn.Module, group_size: int) -> torch.nn.Module:
