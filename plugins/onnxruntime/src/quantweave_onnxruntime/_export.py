@@ -66,7 +66,8 @@ def to_onnx(
     ``{"tokens": {1: torch.export.Dim("seq")}}`` for a dynamic sequence (the ONNX inputs then
     have symbolic dimensions; export the float model with the same ``dynamic_shapes``: the
     converted module checks its input shapes). ``fold_relu``: drop a Relu whose QuantizeLinear
-    clamps at zero anyway (zero point the lowest value), as ORT's own quantizer does, so ORT
+    clamps at zero anyway (zero point the lowest value), and a Clip (relu6 / hardtanh) whose
+    QuantizeLinear saturates inside its bounds, as ORT's own quantizer does, so ORT
     finds the op's int8 node unit under any of its rewrites. A dynamically quantized model
     (``ORTQuantizer(is_dynamic=True)``) is written as ORT's ``quantize_dynamic`` writes one:
     ``DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul``, which ORT fuses into
@@ -84,7 +85,7 @@ def to_onnx(
     target = Path(path)
     if not target.parent.is_dir():
         raise FileNotFoundError(f"to_onnx: directory {str(target.parent)!r} of {str(target)!r} does not exist")
-    from . import _integer_ops, _torch_onnx_compat
+    from . import _integer_ops, _onnx_cleanup, _torch_onnx_compat
 
     dynamic = _integer_ops.has_dynamic_quantization(converted)
     with warnings.catch_warnings():
@@ -103,6 +104,7 @@ def to_onnx(
     program.save(str(target))
     if fold_relu:
         _fold_relu_into_quantize(target)
+        _onnx_cleanup.drop_clips_before_quantize(target)
     if dynamic:
         _integer_ops.to_integer_ops(target)
     return target

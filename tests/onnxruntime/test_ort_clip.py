@@ -1,0 +1,127 @@
+"""Clips (relu6 / hardtanh) that the next QuantizeLinear makes redundant are left out of the
+ONNX file, as ORT's own quantizer leaves them out (tox env ``onnxruntime``): exactly the
+Clips that change no quantized value (checked on ORT over a sweep of inputs), and a
+MobileNet-like model's file then has none while ORT runs every conv as a QLinearConv."""
+
+import numpy as np
+import pytest
+import torch
+
+from quantweave_onnxruntime import ORTQuantizer, int8_kernels
+from quantweave_onnxruntime._onnx_cleanup import drop_clips_before_quantize, redundant_clip
+from quantweave_onnxruntime.testing import REDUCE_RANGE, MobileNetLike, output_step, products, quantize, run
+
+onnx = pytest.importorskip("onnx", reason="needs onnx, onnxscript and onnxruntime (tox -e onnxruntime)")
+pytest.importorskip("onnxruntime", reason="needs onnx, onnxscript and onnxruntime (tox -e onnxruntime)")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402  (after the skip)
+
+pytestmark = pytest.mark.onnxruntime
+
+UINT8, INT8 = TensorProto.UINT8, TensorProto.INT8
+
+
+def test_a_clip_is_redundant_only_where_the_quantize_saturates_inside_its_bounds():
+    assert redundant_clip(0.0, 6.0, 6.0 / 255, 0, UINT8)  # relu6 -> uint8 observed up to 6
+    assert redundant_clip(0.0, 6.0, 4.0 / 255, 0, UINT8)  # a narrower range saturates earlier
+    assert redundant_clip(-1.0, 1.0, 1.0 / 128, 0, INT8)  # hardtanh -> int8 [-128, 127]
+    assert not redundant_clip(-1.0, 1.0, 1.0 / 127, 0, INT8)  # -128 / 127 is below -1
+    assert redundant_clip(None, 6.0, 6.0 / 255, 0, UINT8)  # an omitted bound bounds nothing
+    assert not redundant_clip(0.0, 6.0, 8.0 / 255, 0, UINT8)  # the quantize reaches past 6
+    assert not redundant_clip(0.0, 6.0, 6.0 / 255, 10, UINT8)  # ... and below 0
+    assert not redundant_clip(1.0, 6.0, 6.0 / 255, 0, UINT8)  # the clip raises what the quantize keeps
+    assert not redundant_clip(0.0, 6.0, 6.0 / 255, 0, TensorProto.FLOAT)  # not an integer quantize
+    assert not redundant_clip(0.0, 6.0, 0.0, 0, UINT8)
+
+
+def _clip_graph(path, scale, zero_point, dtype=UINT8, lo=0.0, hi=6.0, extra_user=False):
+    """x -> Clip(lo, hi) -> QuantizeLinear(scale, zero_point) -> y (and the Clip's output as a
+    second graph output with ``extra_user``)."""
+    np_dtype = {UINT8: np.uint8, INT8: np.int8}[dtype]
+    initializers = [
+        numpy_helper.from_array(np.array(lo, np.float32), "lo"),
+        numpy_helper.from_array(np.array(hi, np.float32), "hi"),
+        numpy_helper.from_array(np.array(scale, np.float32), "scale"),
+        numpy_helper.from_array(np.array(zero_point, np_dtype), "zp"),
+    ]
+    nodes = [
+        helper.make_node("Clip", ["x", "lo", "hi"], ["clipped"], name="clip"),
+        helper.make_node("QuantizeLinear", ["clipped", "scale", "zp"], ["y"], name="q"),
+    ]
+    outputs = [helper.make_tensor_value_info("y", dtype, [64])]
+    if extra_user:
+        outputs.append(helper.make_tensor_value_info("clipped", TensorProto.FLOAT, [64]))
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64])], outputs, initializers
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    onnx.save(model, str(path))
+    return path
+
+
+def _ops(path):
+    return [n.op_type for n in onnx.load(str(path)).graph.node]
+
+
+@pytest.mark.parametrize(
+    "scale, zero_point, dtype, lo, hi",
+    [(6.0 / 255, 0, UINT8, 0.0, 6.0), (4.0 / 255, 0, UINT8, 0.0, 6.0), (1.0 / 128, 0, INT8, -1.0, 1.0)],
+)
+def test_a_redundant_clip_is_dropped_and_ort_quantizes_every_input_as_before(
+    tmp_path, scale, zero_point, dtype, lo, hi
+):
+    path = _clip_graph(tmp_path / "clip.onnx", scale, zero_point, dtype, lo, hi)
+    # a sweep through both bounds, their neighbourhood and far outside
+    x = np.concatenate([np.linspace(lo - 2, hi + 2, 48), [lo, hi, np.nextafter(hi, 9), -1e9, 1e9]]).astype(np.float32)
+    x = np.concatenate([x, np.zeros(64 - x.size, np.float32)])
+    (before,) = run(path, torch.from_numpy(x))
+    assert drop_clips_before_quantize(path) == 1
+    assert _ops(path) == ["QuantizeLinear"]
+    assert {t.name for t in onnx.load(str(path)).graph.initializer} == {"scale", "zp"}  # the bounds went too
+    (after,) = run(path, torch.from_numpy(x))
+    np.testing.assert_array_equal(after, before)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"scale": 8.0 / 255, "zero_point": 0},
+        {"scale": 6.0 / 255, "zero_point": 12},
+        {"lo": 1.0, "scale": 6.0 / 255, "zero_point": 0},
+    ],
+    ids=["quantize-reaches-past-hi", "quantize-reaches-below-lo", "clip-raises-lo"],
+)
+def test_a_clip_that_changes_quantized_values_stays(tmp_path, kwargs):
+    path = _clip_graph(tmp_path / "clip.onnx", **kwargs)
+    assert drop_clips_before_quantize(path) == 0
+    assert _ops(path) == ["Clip", "QuantizeLinear"]
+
+
+def test_a_clip_whose_output_is_also_read_elsewhere_stays(tmp_path):
+    path = _clip_graph(tmp_path / "clip.onnx", 6.0 / 255, 0, extra_user=True)
+    assert drop_clips_before_quantize(path) == 0
+    assert _ops(path) == ["Clip", "QuantizeLinear"]
+
+
+@pytest.fixture(scope="module")
+def mobilenet(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("mobilenet")
+    torch.manual_seed(0)
+    model = MobileNetLike().eval()
+    batches = [torch.randn(2, 3, 32, 32) for _ in range(2)]
+    x = torch.randn(2, 3, 32, 32)
+    converted, path = quantize(model, batches, x, ORTQuantizer(reduce_range=REDUCE_RANGE), tmp / "m.onnx")
+    return converted, path, x
+
+
+def test_mobilenet_like_file_has_no_clip_and_ort_runs_every_conv_as_qlinearconv(mobilenet):
+    converted, path, x = mobilenet
+    # the converted model keeps its 10 relu6 (hardtanh); the file keeps none of them
+    assert sum(n.target == torch.ops.aten.hardtanh.default for n in converted.graph.nodes) == 10
+    assert "Clip" not in _ops(path)
+    ops = int8_kernels(path)
+    assert ops.get("QLinearConv") == 14 and ops.get("QGemm") == 1 and products(ops) == (15, 0), ops
+    assert "Clip" not in ops and "Relu" not in ops, ops
+    (got,) = run(path, x)
+    expected = converted(x).detach().numpy()
+    assert np.abs(got - expected).max() <= output_step(converted) + 1e-6
