@@ -11,6 +11,7 @@ point), with quantweave's DeprecationWarnings made errors. Exits non-zero when a
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -46,6 +47,10 @@ def main(target: str) -> None:
     python = env / "bin" / "python"
     uv = shutil.which("uv")  # on PATH in tox-uv's envs: torch hard-linked from uv's cache, not copied
     if uv:
+        # as tox.ini's [testenv] sets them, for a run by hand too: torch only as the CPU build, from
+        # the local wheels; without them uv resolves torch==2.13.0 from PyPI: the CUDA build
+        os.environ.setdefault("UV_FIND_LINKS", "/opt/wheels")
+        os.environ.setdefault("UV_CONSTRAINT", str(ROOT / ".ci" / "constraints.txt"))
         run(uv, "venv", "-q", "--python", sys.executable, env)
         pip = [uv, "pip", "--quiet"]
         where = ["--python", python]
