@@ -6,11 +6,12 @@ the plugin (contrib/template), all installed from this checkout, non-editable.
 creates VENV_DIR, installs the four, checks that no other quantweave distribution and no
 other pytest plugin is there, copies contrib/template/tests out of the checkout and runs
 them with the venv's pytest (which loads pytest-quantweave through its ``pytest11`` entry
-point). Exits non-zero when anything fails.
+point), with quantweave's DeprecationWarnings made errors. Exits non-zero when anything fails.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = {"quantweave", "pytest-quantweave", "quantweave-contrib-template"}
+#: a DeprecationWarning from quantweave (moved names, the moved module) fails the run: contrib/template
+#: is the scaffold's output (tests/core/test_scaffold_template.py), so this is also the check that a
+#: generated project's conformance test, run by pytest as its author runs it, warns no quantweave deprecation
+DEPRECATIONS_ARE_ERRORS = [
+    "-W",
+    "error:quantweave:DeprecationWarning",
+    "-W",
+    "error:the module quantweave:DeprecationWarning",
+]
 
 
 def run(*args: object, cwd: Path | None = None) -> str:
@@ -37,6 +47,10 @@ def main(target: str) -> None:
     python = env / "bin" / "python"
     uv = shutil.which("uv")  # on PATH in tox-uv's envs: torch hard-linked from uv's cache, not copied
     if uv:
+        # as tox.ini's [testenv] sets them, for a run by hand too: torch only as the CPU build, from
+        # the local wheels; without them uv resolves torch==2.13.0 from PyPI: the CUDA build
+        os.environ.setdefault("UV_FIND_LINKS", "/opt/wheels")
+        os.environ.setdefault("UV_CONSTRAINT", str(ROOT / ".ci" / "constraints.txt"))
         run(uv, "venv", "-q", "--python", sys.executable, env)
         pip = [uv, "pip", "--quiet"]
         where = ["--python", python]
@@ -57,7 +71,9 @@ def main(target: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tests = Path(tmp) / "tests"
         shutil.copytree(ROOT / "contrib" / "template" / "tests", tests)
-        out = run(python, "-m", "pytest", "-v", "-p", "no:cacheprovider", tests, cwd=Path(tmp))
+        out = run(
+            python, "-m", "pytest", "-v", "-p", "no:cacheprovider", *DEPRECATIONS_ARE_ERRORS, tests, cwd=Path(tmp)
+        )
     if "quantweave" not in out.split("plugins:", 1)[-1].split("\n", 1)[0]:
         sys.exit("pytest did not list the quantweave plugin (pytest11 entry point) in its header")
     print("fresh venv: contrib/template's conformance test passed through pytest-quantweave", flush=True)

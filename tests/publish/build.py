@@ -10,19 +10,14 @@
    templates come from the core *wheel*) into ``WORKDIR/quantweave-acme``;
 3. builds its sdist and wheel, unedited, into ``WORKDIR/dist`` and installs the wheel.
 
-The env then lints the generated project, runs its own tests, the litert conformance and
-composition tests and ``tests/publish`` against what is installed.
-
-``python tests/publish/build.py WORKDIR --project-tox`` runs the generated project's own
-``tox.ini`` as its author would with quantweave not on a package index (its README:
-``QUANTWEAVE_SOURCE=<checkout> tox -e source``: the core and pytest-quantweave installed
-from this checkout, its wheel built in an isolated build environment and installed, its
-tests run).
+The env then lints the generated project and runs the litert conformance and composition
+tests and ``tests/publish`` against what is installed (the generated project's own tests run
+once, in tests/publish/test_develop_block.py, through its README's Develop block; its
+``tox.ini`` is checked with ``tox config`` in tests/publish/test_published.py).
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -70,18 +65,7 @@ def main(workdir: str) -> None:
     install(dist, f"quantweave_{PLUGIN}")
 
 
-def project_tox(workdir: str) -> None:
-    work = Path(workdir)
-    env = {**os.environ, "QUANTWEAVE_SOURCE": str(ROOT)}
-    project, toxwork = work / f"quantweave-{PLUGIN}", work / "project-tox"
-    shutil.rmtree(toxwork, ignore_errors=True)
-    run(sys.executable, "-m", "tox", "-c", project, "-e", "source", "--workdir", toxwork, env=env)
-
-
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[2] == "--project-tox":
-        project_tox(sys.argv[1])
-    elif len(sys.argv) == 2:
-        main(sys.argv[1])
-    else:
-        sys.exit("usage: python tests/publish/build.py WORKDIR [--project-tox]")
+    if len(sys.argv) != 2:
+        sys.exit("usage: python tests/publish/build.py WORKDIR")
+    main(sys.argv[1])

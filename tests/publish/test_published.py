@@ -7,7 +7,9 @@ work together as installed distributions:
   the core wheel ships the scaffold templates;
 - the registry loads the three plugins from their entry points; composed (acme, litert,
   x86), the capability table holds on the probes (``check_composition``) and a model
-  quantized by the composition converts and runs, each member claiming what it declares.
+  quantized by the composition converts and runs, each member claiming what it declares;
+- the generated project's tox.ini, as ``tox config`` reads it, installs quantweave from the checkout
+  in its env ``source``.
 """
 
 from __future__ import annotations
@@ -135,3 +137,29 @@ def test_the_kit_wheel_is_a_pytest_plugin_with_the_reference_material_the_core_w
         assert f"pytest_quantweave/{name}.py" in kit.namelist()
         stub = core.read(f"quantweave/testing/{name}.py").decode()  # only the stub pointing at the kit
         assert f'moved_to_kit("{name}")' in stub and len(stub) < 1000
+
+
+def test_the_generated_tox_ini_installs_quantweave_from_the_checkout(dist, tmp_path):
+    """The generated project's tox.ini, as tox reads it (``tox config``, no env made): its default env
+    builds and installs the project's wheel with its test extra and runs pytest; env ``source`` (its
+    README's ``QUANTWEAVE_SOURCE=... tox -e source``) adds the core and pytest-quantweave from the
+    checkout. The tests themselves run once, through the README's Develop block (test_develop_block.py)."""
+    project = dist.parent / "quantweave-acme"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOX_")}
+    env["QUANTWEAVE_SOURCE"] = str(REPO)
+    keys = ["package", "extras", "deps", "commands", "pass_env"]
+    done = subprocess.run(
+        [sys.executable, "-m", "tox", "-c", str(project), "config", "-e", "py311,source", "-k", *keys,
+         "--workdir", str(tmp_path / "tox")],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    sections = dict((part.split("]", 1)[0], part.split("]", 1)[1]) for part in done.stdout.split("[testenv:")[1:])
+    assert set(sections) == {"py311", "source"}, done.stdout
+    for name, text in sections.items():
+        assert "package = wheel" in text and "extras = test" in text, f"tox env {name} of {project}:\n{text}"
+        assert "commands = pytest" in text and "torch==2.13.0" in text, f"tox env {name} of {project}:\n{text}"
+    for checkout_dist in ("core", "pytest-quantweave"):
+        assert f"\n  {REPO / checkout_dist}\n" in sections["source"], f"env source lacks {checkout_dist}:\n{sections}"
+        assert str(REPO / checkout_dist) not in sections["py311"], sections["py311"]
+    assert "QUANTWEAVE_SOURCE" in sections["source"], sections["source"]
