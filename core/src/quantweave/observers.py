@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ._modules.group_observer import PerGroupMinMaxObserver as PerGroupMinMaxObserver
+from ._modules.histogram_search import beta_after_still_steps as _beta_after_still_steps
 from ._modules.observed_once import remember as _remember
 from ._modules.observed_once import unchanged_since as _unchanged_since
 from ._modules.torch_compat import (
@@ -145,7 +146,8 @@ class HistogramObserver(HistogramObserverHooks):
             else:
                 next_end_bin = right
                 beta = next_beta
-            if next_start_bin == start_bin and next_end_bin == end_bin:
+            if next_start_bin == start_bin and next_end_bin == end_bin:  # a still step: skip the run
+                beta = _beta_after_still_steps(alpha, beta, stepsize, total, csum[end_bin], end_bin > start_bin)
                 continue
             norm = self.quantization_error(next_start_bin, next_end_bin)
             if norm > norm_min:
