@@ -42,7 +42,7 @@ from ._modules.graph import (
     rebuild,
     set_attr_value,
 )
-from ._modules.group_quantize import quantize_weight
+from ._modules.group_quantize import new_workspace, quantize_weight
 from ._modules.misuse import warn_no_observers
 from ._modules.observer_calls import observer_calls
 from ._modules.observer_copies import copy_observers
@@ -156,6 +156,7 @@ def convert_pt2e(
     folded_inputs: list[Node] = []
     # one observer module may sit at several nodes (sharing); its qparams are computed once
     qparams_cache: dict[int, tuple[Any, Any]] = {}
+    workspace = new_workspace()  # every weight is quantized in this one block buffer
     hook_nodes: list[Node] = []
     for node in observer_nodes:
         module = gm.get_submodule(str(node.target))
@@ -168,7 +169,7 @@ def convert_pt2e(
         source = node.args[0]
         assert isinstance(source, Node)
         fold = fold_quantize and is_constant(source, constant_cache)
-        _replace_observer(gm, node, module, fold, constant_values, qparams_cache)
+        _replace_observer(gm, node, module, fold, constant_values, qparams_cache, workspace)
         if fold:
             folded_inputs.append(source)
     if fold_quantize and hook_nodes:
@@ -269,6 +270,7 @@ def _replace_observer(
     fold: bool,
     constant_values: dict[Node, Any],
     qparams_cache: dict[int, tuple[Any, Any]],
+    workspace: Any = None,
 ) -> None:
     graph = gm.graph
     _qd = quantized_decomposed_ops()
@@ -334,7 +336,7 @@ def _replace_observer(
         if fold:
             values = torch.fx.node.map_arg(q_args, lambda n: evaluate_constant(gm, n, constant_values))
             with torch.no_grad():
-                qvalue = quantize_weight(q_op, evaluate_constant(gm, source, constant_values), values)
+                qvalue = quantize_weight(q_op, evaluate_constant(gm, source, constant_values), values, workspace)
             q_name = new_attr_name(gm, "_frozen_param")
             gm.register_buffer(q_name, qvalue)
             quant = graph.get_attr(q_name)
