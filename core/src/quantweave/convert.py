@@ -42,7 +42,7 @@ from ._modules.graph import (
     rebuild,
     set_attr_value,
 )
-from ._modules.group_quantize import new_workspace, quantize_weight
+from ._modules.group_quantize import new_workspace, qparams_valid, quantize_weight
 from ._modules.misuse import warn_no_observers
 from ._modules.observer_calls import observer_calls
 from ._modules.observer_copies import copy_observers
@@ -395,11 +395,9 @@ def _qparams(module: torch.nn.Module, name: str, source: Node) -> tuple[Any, Any
         scale, zero_point = module.calculate_qparams()  # type: ignore[operator]
     except Exception as exc:
         raise ConvertError(f"{where}: calculate_qparams failed: {type(exc).__name__}: {exc}") from exc
-    scale_t = torch.as_tensor(scale, dtype=torch.float64)
-    zero_point_t = torch.as_tensor(zero_point, dtype=torch.float64)
-    if scale_t.numel() == 0 or not bool(torch.isfinite(scale_t).all() and (scale_t > 0).all()):
+    if not qparams_valid(scale, positive=True):
         raise ConvertError(f"{where}: scale must be positive and finite; got {scale!r}")
-    if not bool(torch.isfinite(zero_point_t).all()):
+    if not qparams_valid(zero_point, positive=False):
         raise ConvertError(f"{where}: zero_point must be finite; got {zero_point!r}")
     return scale, zero_point
 

@@ -29,7 +29,7 @@ import torch
 from . import chunked_quantize
 from .torch_compat import quantized_decomposed_ops
 
-__all__ = ["new_workspace", "quantize_groups", "quantize_weight"]
+__all__ = ["new_workspace", "qparams_valid", "quantize_groups", "quantize_weight"]
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _INTEGERS = (torch.int8, torch.uint8, torch.int16, torch.int32)
@@ -111,3 +111,21 @@ def quantize_groups(
         work.clamp_(quant_min, quant_max)
         out[start:stop].copy_(work.reshape(stop - start, columns))
     return out
+
+
+def qparams_valid(value: Any, positive: bool) -> bool:
+    """True when every element of ``value`` (scales or zero points: a tensor or numbers) is
+    finite, and > 0 with ``positive`` (no element: False with ``positive``, else True). One reduction of a float tensor
+    in its own dtype (an LLM's group scales are 10^5-10^6 values, checked once each), none
+    of an integer one; the same verdict as converting to float64 and checking there."""
+    if isinstance(value, torch.Tensor) and not value.is_complex():
+        if value.numel() == 0:
+            return not positive
+        if not value.is_floating_point():
+            return not positive or bool((value > 0).all())
+        low, high = torch.aminmax(value.detach().reshape(-1))  # NaN anywhere: both NaN
+        return bool(high < float("inf")) and (bool(low > 0) if positive else bool(low > float("-inf")))
+    as_float = torch.as_tensor(value, dtype=torch.float64)
+    if positive and as_float.numel() == 0:
+        return False
+    return bool(torch.isfinite(as_float).all()) and (not positive or bool((as_float > 0).all()))
