@@ -201,3 +201,20 @@ def test_qparams_checks_give_the_float64_verdict():
     for value in [*values, *tensors]:
         for positive in (True, False):
             assert qparams_valid(value, positive) == float64_verdict(value, positive), (value, positive)
+
+
+def test_is_calibrated_gives_the_isfinite_verdict():
+    from quantweave.observers import is_calibrated
+
+    inf, nan = float("inf"), float("nan")
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        for low, high in [
+            ([0.0, -1.0], [1.0, 2.0]),
+            ([-inf, 0.0], [1.0, 1.0]),
+            ([0.0, 0.0], [inf, 1.0]),
+            ([nan], [1.0]),
+        ]:
+            obs = PerGroupMinMaxObserver(group_size=2)
+            obs.min_val, obs.max_val = torch.tensor(low, dtype=dtype), torch.tensor(high, dtype=dtype)
+            expected = bool(torch.isfinite(obs.min_val).all() and torch.isfinite(obs.max_val).all())
+            assert is_calibrated(obs) == expected, (dtype, low, high)
