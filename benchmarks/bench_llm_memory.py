@@ -22,14 +22,18 @@ Phases: export (``torch.export.export(model).module()``), prepare, calibrate (2 
 measured on its own: before it the kernel's RSS high-water mark is reset (``5`` written to
 ``/proc/self/clear_refs``) and after it ``VmHWM`` is read from ``/proc/self/status``. Reported
 per phase: wall time, the peak RSS **above the loaded float model** (VmHWM minus the RSS
-read after the model was built, as a multiple of the model's *fp32* weight bytes, for bf16
+read after the model was built and ran one forward, as a multiple of the model's *fp32* weight bytes, for bf16
 models too), and the growth within the phase (VmHWM minus the RSS just before the phase).
 Earlier phases' results stay alive (as in a script that quantizes then saves), so a later
-phase's peak includes them. The load average is printed with every row: figures from a
+phase's peak includes them. The float model's one forward before the baseline pays torch's
+own first-forward costs (kernels' code paged in, the matmul library's buffers: ~18 MB at
+every size, paid by any use of the model, quantized or not); its growth is printed and kept
+(``first_forward_bytes``), and ``--cold`` measures without it (the definition before session 5,
+where that cost fell in calibrate). The load average is printed with every row: figures from a
 loaded machine are not speed claims and must be re-measured on a quiet one.
 
     python benchmarks/bench_llm_memory.py [--sizes 0.35,0.7,1.4] [--dtypes fp32,bf16]
-        [--flows qw-xnnpack,qw-llm,ao-xnnpack,ao-llm] [--threads N] [--json PATH]
+        [--flows qw-xnnpack,qw-llm,ao-xnnpack,ao-llm] [--threads N] [--cold] [--json PATH]
 
 Needs torchao 0.18 and ExecuTorch 1.5.1 (``--no-deps``) for the ``ao-*`` flows only.
 """
@@ -67,7 +71,7 @@ def _reset_hwm() -> None:
         f.write("5")
 
 
-def worker(size: str, dtype_name: str, flow: str, threads: int) -> dict[str, Any]:
+def worker(size: str, dtype_name: str, flow: str, threads: int, warm: bool = True) -> dict[str, Any]:
     """One (size, dtype, flow) in this process: the phases' time and peak RSS."""
     import torch
 
@@ -127,6 +131,15 @@ def worker(size: str, dtype_name: str, flow: str, threads: int) -> dict[str, Any
     # anything: done here on a tiny module so that their ~0.1 GB is not counted as the flow's
     torch.export.export(torch.nn.Linear(2, 2), (torch.randn(1, 2),)).module()
     gc.collect()
+    cold = _status("VmRSS")
+    # torch's own first-forward costs (its kernels' code paged in, the matmul library's
+    # buffers: ~18 MB, the same for every size) are paid by the float model's first forward,
+    # whether or not it is then quantized: one forward of the float model here, its growth
+    # reported (``first_forward_bytes``; add it to peak>float for the figure without it)
+    if warm:
+        with torch.no_grad():
+            model(prompts[:1])
+        gc.collect()
     baseline = _status("VmRSS")
     state: dict[str, Any] = {}
     tmp = tempfile.TemporaryDirectory(prefix="bench_llm_memory_")
@@ -171,6 +184,7 @@ def worker(size: str, dtype_name: str, flow: str, threads: int) -> dict[str, Any
         "parameters": params,
         "fp32_gb": fp32_bytes / 1e9,
         "baseline_rss_gb": baseline / 1e9,
+        "first_forward_bytes": baseline - cold,
         "file_bytes": state.get("file_bytes"),
         "phases": rows,
     }
@@ -183,10 +197,13 @@ def main() -> None:
     parser.add_argument("--flows", default="qw-xnnpack,qw-llm,ao-xnnpack,ao-llm")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument(
+        "--cold", action="store_true", help="no float forward before the baseline (torch's first-forward cost counted)"
+    )
     parser.add_argument("--worker", nargs=3, metavar=("SIZE", "DTYPE", "FLOW"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(*args.worker, args.threads)))
+        print(json.dumps(worker(*args.worker, args.threads, warm=not args.cold)))
         return
     results = []
     print(f"load average at start {os.getloadavg()}; peak and growth are multiples of the fp32 weight bytes")
@@ -198,12 +215,18 @@ def main() -> None:
         for dtype_name in args.dtypes.split(","):
             for flow in args.flows.split(","):
                 command = [sys.executable, __file__, "--worker", size, dtype_name, flow, "--threads", str(args.threads)]
+                command += ["--cold"] if args.cold else []
                 done = subprocess.run(command, capture_output=True, text=True, check=False)
                 if done.returncode != 0:
                     print(f"{size:>5} {dtype_name:>5} {flow:<11} FAILED: {done.stderr.strip().splitlines()[-1:]}")
                     continue
                 result = json.loads(done.stdout.strip().splitlines()[-1])
                 results.append(result)
+                first = result["first_forward_bytes"] / (result["fp32_gb"] * 1e9)
+                print(
+                    f"{result['fp32_gb']:>5.2f} {dtype_name:>5} {flow:<11} first float forward (before the baseline) "
+                    f"+{first:.3f}x"
+                )
                 for phase, row in result["phases"].items():
                     print(
                         f"{result['fp32_gb']:>5.2f} {dtype_name:>5} {flow:<11} {phase:<9} {row['seconds']:>7.2f} "

@@ -111,6 +111,35 @@ def test_copy_for_rewrite_never_touches_the_callers_graph(gm):
         kit.copy_for_rewrite(Net())
 
 
+def test_reuse_working_copy_rewrites_prepares_copy_in_place_and_copies_anything_else(gm):
+    """``copy_for_rewrite(model, reuse_working_copy=True)``: the caller's module is copied as
+    without the keyword; the copy prepare hands to ``transform_for_annotation`` is rewritten
+    in place, and the prepared module runs the rewritten graph."""
+    seen = []
+
+    class Rewriter(qw.Quantizer):
+        def transform_for_annotation(self, model):
+            result, nodes = kit.copy_for_rewrite(model, reuse_working_copy=True)
+            seen.append((model, result))
+            nodes[_node(model, aten.relu.default).name].target = aten.sigmoid.default
+            return kit.finish_rewrite(result)
+
+        def annotate(self, model):
+            return model
+
+    code = gm.code
+    direct = Rewriter().transform_for_annotation(gm)
+    assert seen[-1][1] is not gm and direct is not gm and gm.code == code  # called directly: a copy
+    assert any(n.target == aten.relu.default for n in gm.graph.nodes)
+    prepared = qw.prepare_pt2e(gm, Rewriter())
+    handed, rewritten = seen[-1]
+    assert rewritten is handed and handed is not gm  # prepare's own copy, rewritten in place
+    assert gm.code == code and any(n.target == aten.relu.default for n in gm.graph.nodes)
+    x = torch.randn(1, 3, 8, 8)
+    torch.testing.assert_close(prepared(x), direct(x))  # the sigmoid, in the prepared module's code
+    assert "aten.sigmoid" in prepared.code and "aten.relu" not in prepared.code
+
+
 # -- modules and configs ------------------------------------------------------------------------------
 
 

@@ -165,7 +165,9 @@ def test_calibrating_and_converting_a_bf16_model_never_copies_a_whole_weight_to_
         converted = qw.convert_pt2e(prepared)
     assert calibrating.float32 < smallest_weight, calibrating.float32  # the observers copied no weight
     assert converting.float32 < smallest_weight, converting.float32
-    assert 0 < converting.quantized <= 16 * 64, converting.quantized  # each quantize op saw one block at most
+    # each weight was quantized one block at a time (in convert's block buffer, not by the op: its quantizes ran
+    # as float32 ops of one block each); any quantize op called saw one block at most
+    assert 0 < converting.float32 <= 16 * 64 and converting.quantized <= 16 * 64, converting.float32
     frozen = [t for name, t in converted.named_buffers() if "frozen" in name]
     assert len(frozen) == 3 and all(t.dtype == torch.int8 for t in frozen)
     assert sum(t.numel() for t in frozen) == sum(p.numel() for p in model.parameters() if p.dim() == 2)
@@ -197,3 +199,90 @@ def test_per_channel_observer_of_a_bf16_weight_records_its_float32_min_max():
         assert ours.min_val.dtype == torch.float32
         assert torch.equal(ours.min_val.nan_to_num(7.0), of_float.min_val.nan_to_num(7.0))
         assert torch.equal(ours.max_val.nan_to_num(7.0), of_float.max_val.nan_to_num(7.0))
+
+
+def _affine_cases(dtype):
+    torch.manual_seed(1)
+    w = torch.randn(37, 64) * 3
+    w[0, :4] = torch.tensor([0.5, 1.5, -2.5, 2.0]) * 0.02  # ties: round half to even
+    w[1, 0], w[1, 1] = float("inf"), float("-inf")  # clamped
+    w = w.to(dtype)
+    scales = torch.rand(37) * 0.05 + 0.01
+    scales[0] = 0.02
+    cases = {
+        "per_tensor": (qd.quantize_per_tensor.default, w, (0.02, 3, -128, 127, torch.int8)),
+        "per_tensor_uint8": (qd.quantize_per_tensor.default, w, (0.03, 128, 0, 255, torch.uint8)),
+        "per_channel": (
+            qd.quantize_per_channel.default,
+            w,
+            (scales, torch.randint(-3, 3, (37,)), 0, -127, 127, torch.int8),
+        ),
+        "per_channel_int32_zp": (
+            qd.quantize_per_channel.default,
+            w,
+            (scales, torch.randint(-3, 3, (37,), dtype=torch.int32), 0, -128, 127, torch.int8),
+        ),
+        "per_channel_3d": (
+            qd.quantize_per_channel.default,
+            w.reshape(37, 8, 8),
+            (scales, torch.zeros(37, dtype=torch.int64), 0, -8, 7, torch.int8),
+        ),
+    }
+    return cases
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "case", ["per_tensor", "per_tensor_uint8", "per_channel", "per_channel_int32_zp", "per_channel_3d"]
+)
+def test_quantizing_in_the_block_buffer_gives_the_ops_integers(case, dtype):
+    q_op, value, args = _affine_cases(dtype)[case]
+    workspace = chunked_quantize.Workspace(5 * 64)  # blocks of 5 rows of 64
+    with Largest() as blocks:
+        result = chunked_quantize.quantize_affine_rows(q_op, value, args, workspace)
+    assert result is not None and blocks.quantized == 0  # not the op
+    if dtype == torch.float32:  # (the whole weight's views are float32 too)
+        assert blocks.float32 == value.numel()
+    else:  # no float32 copy of the weight, only of blocks of 5 rows
+        assert blocks.float32 == 5 * 64
+    whole = q_op(value, *args)
+    assert result.dtype == whole.dtype and result.shape == whole.shape
+    assert torch.equal(result, whole)
+
+
+def test_what_the_block_buffer_does_not_handle_is_left_to_the_caller():
+    q_op, w, args = _affine_cases(torch.float32)["per_channel"]
+    scales, zero_points = args[0], args[1]
+    workspace = chunked_quantize.Workspace(5 * 64)
+    assert (
+        chunked_quantize.quantize_affine_rows(q_op, w, args, chunked_quantize.Workspace(w.numel())) is None
+    )  # 1 block
+    assert chunked_quantize.quantize_affine_rows(q_op, w.double(), args, workspace) is None  # float64 weight
+    assert chunked_quantize.quantize_affine_rows(q_op, w.t(), args, workspace) is None  # not contiguous
+    assert chunked_quantize.quantize_affine_rows(q_op, w, (scales.double(), *args[1:]), workspace) is None
+    assert chunked_quantize.quantize_affine_rows(q_op, w, (scales, zero_points.double(), *args[2:]), workspace) is None
+    assert chunked_quantize.quantize_affine_rows(q_op, w, (*args[:2], 1, *args[3:]), workspace) is None  # axis 1
+    assert chunked_quantize.quantize_affine_rows(q_op, w, (*args[:3], -300, 127, torch.int8), workspace) is None
+    assert chunked_quantize.quantize_affine_rows(qd.quantize_per_channel_group.default, w, args, workspace) is None
+
+
+def test_one_block_buffer_serves_every_weight_a_convert_quantizes(bf16_flow, monkeypatch):
+    """Convert allocates the int8 results and one float32 block buffer: every block-sized float32
+    tensor its quantizes make is a view of that one buffer (nothing freed between two results)."""
+    _, _, prepared = bf16_flow
+    monkeypatch.setattr(chunked_quantize, "BLOCK_ELEMENTS", 16 * 64)
+    storages, kept = set(), []
+
+    class Storages(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.numel() > 512:  # not qparams (<= 384)
+                    kept.append(t)  # alive: a freed temporary's address cannot be reused by the next
+                    storages.add(t.untyped_storage().data_ptr())
+            return out
+
+    with Storages():
+        converted = qw.convert_pt2e(prepared)
+    assert len(storages) == 1, storages
+    assert sum("frozen" in name for name, _ in converted.named_buffers()) == 3

@@ -177,3 +177,44 @@ def test_the_group_observer_reduces_an_unchanged_weight_once():
         fresh(x)
     assert torch.equal(observer.min_val, fresh.min_val) and torch.equal(observer.max_val, fresh.max_val)
     assert all(torch.equal(a, b) for a, b in zip(observer.calculate_qparams(), fresh.calculate_qparams(), strict=True))
+
+
+def test_qparams_checks_give_the_float64_verdict():
+    """convert's scale / zero-point checks (one reduction in the tensor's own dtype) accept and
+    reject exactly what checking a float64 copy did."""
+    from quantweave._modules.group_quantize import qparams_valid
+
+    def float64_verdict(value, positive):
+        t = torch.as_tensor(value, dtype=torch.float64)
+        if positive:
+            return t.numel() > 0 and bool(torch.isfinite(t).all() and (t > 0).all())
+        return bool(torch.isfinite(t).all())
+
+    inf, nan = float("inf"), float("nan")
+    values = [0.5, 0.0, -1.0, inf, nan, 3, 0, [], [0.1, 0.2], [0.1, 0.0], [0.1, inf], [-inf, 0.1], [0.1, nan]]
+    tensors = [torch.tensor(v, dtype=d) for v in values for d in (torch.float32, torch.bfloat16, torch.float16)]
+    tensors += [torch.tensor([1, 2], dtype=torch.int32), torch.tensor([0, 2]), torch.tensor([-1]), torch.tensor([])]
+    tensors += [
+        torch.rand(300, 4) + 0.01,
+        (torch.rand(300, 4) + 0.01).index_put_((torch.tensor([7]),), torch.tensor(nan)),
+    ]
+    for value in [*values, *tensors]:
+        for positive in (True, False):
+            assert qparams_valid(value, positive) == float64_verdict(value, positive), (value, positive)
+
+
+def test_is_calibrated_gives_the_isfinite_verdict():
+    from quantweave.observers import is_calibrated
+
+    inf, nan = float("inf"), float("nan")
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        for low, high in [
+            ([0.0, -1.0], [1.0, 2.0]),
+            ([-inf, 0.0], [1.0, 1.0]),
+            ([0.0, 0.0], [inf, 1.0]),
+            ([nan], [1.0]),
+        ]:
+            obs = PerGroupMinMaxObserver(group_size=2)
+            obs.min_val, obs.max_val = torch.tensor(low, dtype=dtype), torch.tensor(high, dtype=dtype)
+            expected = bool(torch.isfinite(obs.min_val).all() and torch.isfinite(obs.max_val).all())
+            assert is_calibrated(obs) == expected, (dtype, low, high)

@@ -42,7 +42,7 @@ from ._modules.graph import (
     rebuild,
     set_attr_value,
 )
-from ._modules.group_quantize import quantize_weight
+from ._modules.group_quantize import new_workspace, qparams_valid, quantize_weight
 from ._modules.misuse import warn_no_observers
 from ._modules.observer_calls import observer_calls
 from ._modules.observer_copies import copy_observers
@@ -156,6 +156,7 @@ def convert_pt2e(
     folded_inputs: list[Node] = []
     # one observer module may sit at several nodes (sharing); its qparams are computed once
     qparams_cache: dict[int, tuple[Any, Any]] = {}
+    workspace = new_workspace()  # every weight is quantized in this one block buffer
     hook_nodes: list[Node] = []
     for node in observer_nodes:
         module = gm.get_submodule(str(node.target))
@@ -168,7 +169,7 @@ def convert_pt2e(
         source = node.args[0]
         assert isinstance(source, Node)
         fold = fold_quantize and is_constant(source, constant_cache)
-        _replace_observer(gm, node, module, fold, constant_values, qparams_cache)
+        _replace_observer(gm, node, module, fold, constant_values, qparams_cache, workspace)
         if fold:
             folded_inputs.append(source)
     if fold_quantize and hook_nodes:
@@ -269,6 +270,7 @@ def _replace_observer(
     fold: bool,
     constant_values: dict[Node, Any],
     qparams_cache: dict[int, tuple[Any, Any]],
+    workspace: Any = None,
 ) -> None:
     graph = gm.graph
     _qd = quantized_decomposed_ops()
@@ -334,7 +336,7 @@ def _replace_observer(
         if fold:
             values = torch.fx.node.map_arg(q_args, lambda n: evaluate_constant(gm, n, constant_values))
             with torch.no_grad():
-                qvalue = quantize_weight(q_op, evaluate_constant(gm, source, constant_values), values)
+                qvalue = quantize_weight(q_op, evaluate_constant(gm, source, constant_values), values, workspace)
             q_name = new_attr_name(gm, "_frozen_param")
             gm.register_buffer(q_name, qvalue)
             quant = graph.get_attr(q_name)
@@ -393,11 +395,9 @@ def _qparams(module: torch.nn.Module, name: str, source: Node) -> tuple[Any, Any
         scale, zero_point = module.calculate_qparams()  # type: ignore[operator]
     except Exception as exc:
         raise ConvertError(f"{where}: calculate_qparams failed: {type(exc).__name__}: {exc}") from exc
-    scale_t = torch.as_tensor(scale, dtype=torch.float64)
-    zero_point_t = torch.as_tensor(zero_point, dtype=torch.float64)
-    if scale_t.numel() == 0 or not bool(torch.isfinite(scale_t).all() and (scale_t > 0).all()):
+    if not qparams_valid(scale, positive=True):
         raise ConvertError(f"{where}: scale must be positive and finite; got {scale!r}")
-    if not bool(torch.isfinite(zero_point_t).all()):
+    if not qparams_valid(zero_point, positive=False):
         raise ConvertError(f"{where}: zero_point must be finite; got {zero_point!r}")
     return scale, zero_point
 

@@ -568,4 +568,14 @@ def is_calibrated(module: torch.nn.Module) -> bool:
         return True
     if min_val.numel() == 0 or max_val.numel() == 0:
         return False
-    return bool(torch.isfinite(min_val).all() and torch.isfinite(max_val).all())
+    return _all_finite(min_val) and _all_finite(max_val)
+
+
+def _all_finite(values: torch.Tensor) -> bool:
+    """``torch.isfinite(values).all()`` as one min/max reduction (NaN anywhere makes both NaN):
+    an LLM's per-group observers hold 10^5-10^6 values, and ``isfinite(...).all()`` is ~15x
+    slower on CPU."""
+    if values.is_complex() or not values.is_floating_point():
+        return bool(torch.isfinite(values).all())
+    low, high = torch.aminmax(values.detach().reshape(-1))
+    return bool(low > float("-inf")) and bool(high < float("inf"))

@@ -40,6 +40,7 @@ from ._modules.prepare_rules import drop_in_place_destinations, map_subgraphs
 from ._modules.qat_conv_bn import simulate_conv_bn
 from ._modules.sharing import collect_specs, describe
 from ._modules.spec_check import build_checked_observers
+from ._modules.working_copy import handed_over
 from .annotation import ANNOTATED_BY_KEY, ANNOTATION_KEY, EdgeOrNode, QuantizationAnnotation
 from .errors import AnnotationError
 from .training import disallow_eval_train
@@ -110,7 +111,8 @@ def _prepare(model: GraphModule, quantizer: Quantizer, is_qat: bool) -> GraphMod
         _own_tensors(gm)
     else:
         fold_batch_norm(gm)
-    transformed = _hook(quantizer, "transform_for_annotation", api, gm)
+    with handed_over(gm):  # nothing else holds gm: a rewrite may edit it in place (_modules/working_copy)
+        transformed = _hook(quantizer, "transform_for_annotation", api, gm)
     if not isinstance(transformed, GraphModule):
         raise TypeError(
             f"{type(quantizer).__name__}.transform_for_annotation must return a GraphModule; "

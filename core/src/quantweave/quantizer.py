@@ -1,6 +1,9 @@
 """The ``Quantizer`` contract: what prepare calls, in order.
 
-``prepare_pt2e`` calls, on a copy of the caller's graph:
+``prepare_pt2e`` calls, on a copy of the caller's graph (its own: the hooks may edit it in
+place, and ``quantweave.authoring.copy_for_rewrite(model, reuse_working_copy=True)`` lets a
+``transform_for_annotation`` rewrite it without a second copy; the caller's module is never
+handed to a hook):
 
 1. ``transform_for_annotation(model) -> model`` -- optional rewrites (decompositions...);
 2. ``annotate(model)`` -- write ``QuantizationAnnotation`` s into ``node.meta``;

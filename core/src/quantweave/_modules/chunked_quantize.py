@@ -8,6 +8,14 @@ runs on blocks of rows along dimension 0 (each block's qparams sliced to match),
 block's result written into the output: the temporaries are those of one block. Every
 element goes through the same arithmetic on the same values, so the result is identical
 to the op's on the whole tensor (``tests/core/test_convert_memory.py``).
+
+Per-tensor and per-channel (rows) quantizes of float weights go further
+(:func:`quantize_affine_rows`): the op's expressions run in place in one float32 buffer of
+one block (:class:`Workspace`), which a convert allocates once and reuses for every block
+of every weight, each result allocated once at its final size before its first block. Convert
+then allocates nothing but the results: no temporary is freed between two of them, so
+glibc's heap cannot interleave results and freed temporaries (the spread of convert's
+peak from one process to the next, issue 25).
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ import torch
 
 from .torch_compat import quantized_decomposed_ops
 
-__all__ = ["BLOCK_ELEMENTS", "quantize_constant"]
+__all__ = ["BLOCK_ELEMENTS", "Workspace", "quantize_affine_rows", "quantize_constant"]
 
 #: elements per block: 1 MB of float32 temporaries each. Measured (benchmarks/bench_llm_memory.py,
 #: 0.72 GB model, dynamic linears): with 4 MB blocks convert's peak grew by 0.24-0.51x the fp32
@@ -81,3 +89,110 @@ def _qparam_slicer(q_op: Any, value: torch.Tensor, args: tuple[Any, ...]) -> Any
         scales, zero_points = scales.reshape(rows, -1), zero_points.reshape(rows, -1)
         return lambda start, stop: (scales[start:stop], zero_points[start:stop], *args[2:])
     return None
+
+
+class Workspace:
+    """One float32 buffer of ``block_elements`` per device, allocated on first use and
+    reused by every block of every weight quantized with it (convert makes one per call)."""
+
+    def __init__(self, block_elements: int) -> None:
+        self.block_elements = block_elements
+        self._buffers: dict[torch.device, torch.Tensor] = {}
+
+    def take(self, elements: int, device: torch.device) -> torch.Tensor:
+        """The first ``elements`` (at most ``block_elements``) of the device's buffer."""
+        buffer = self._buffers.get(device)
+        if buffer is None:
+            buffer = self._buffers[device] = torch.empty(self.block_elements, dtype=torch.float32, device=device)
+        return buffer[:elements]
+
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+_ZERO_POINTS = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.float32)
+
+
+def quantize_affine_rows(q_op: Any, value: Any, args: tuple[Any, ...], workspace: Workspace) -> torch.Tensor | None:
+    """``quantize_per_tensor`` / ``quantize_per_channel`` (along dimension 0) of a contiguous
+    float weight of more than one block, in place in ``workspace``: the op's expressions in
+    its order (``round(x * (1 / scale)) + zero_point``, clamp, cast; a bf16 / fp16 block
+    converted to float32 first, as the op converts the whole weight), so every integer is
+    the op's. None for anything else (other ops, qparams of other dtypes or shapes, layouts,
+    weights of one block or less): the caller computes it as before."""
+    qd = quantized_decomposed_ops()
+    block_elements = workspace.block_elements
+    if not (
+        isinstance(value, torch.Tensor)
+        and value.dtype in _FLOATS
+        and value.dim() >= 1
+        and value.numel() > block_elements
+        and value.is_contiguous()
+    ):
+        return None
+    rows = value.shape[0]
+    row_elements = value.numel() // rows
+    if row_elements > block_elements:
+        return None
+    if q_op == qd.quantize_per_tensor.default:
+        if len(args) != 5:
+            return None
+        scale, zero_point, quant_min, quant_max, dtype = args
+        if not (isinstance(scale, float) and isinstance(zero_point, int) and not isinstance(zero_point, bool)):
+            return None
+        inverse_scale = 1.0 / scale  # the op's Python float
+
+        def multiplier(start: int, stop: int) -> Any:
+            return inverse_scale
+
+        def offset(start: int, stop: int) -> Any:
+            return zero_point
+
+    elif q_op == qd.quantize_per_channel.default:
+        if len(args) != 6:
+            return None
+        scales, zero_points, axis, quant_min, quant_max, dtype = args
+        if not (
+            isinstance(scales, torch.Tensor)
+            and isinstance(zero_points, torch.Tensor)
+            and isinstance(axis, int)
+            and axis % value.dim() == 0
+            and scales.dtype == torch.float32
+            and zero_points.dtype in _ZERO_POINTS
+            and scales.shape == (rows,)
+            and zero_points.shape == (rows,)
+            and scales.device == value.device == zero_points.device
+        ):
+            return None
+        inverses = (1.0 / scales).reshape(rows, 1)  # the op's expression, on the same float32 values
+        offsets = zero_points.reshape(rows, 1)
+
+        def multiplier(start: int, stop: int) -> Any:
+            return inverses[start:stop]
+
+        def offset(start: int, stop: int) -> Any:
+            return offsets[start:stop]
+
+    else:
+        return None
+    if not (isinstance(quant_min, int) and isinstance(quant_max, int) and isinstance(dtype, torch.dtype)):
+        return None
+    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        return None
+    if not torch.iinfo(dtype).min <= quant_min <= quant_max <= torch.iinfo(dtype).max:
+        return None  # the op's bounds check raises
+    out = torch.empty(value.shape, dtype=dtype, device=value.device)  # the result, before any block
+    flat, out_flat = value.view(rows, row_elements), out.view(rows, row_elements)
+    step = max(1, block_elements // row_elements)
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+        block = flat[start:stop]
+        work = workspace.take(block.numel(), value.device).view(block.shape)
+        if block.dtype == torch.float32:
+            torch.mul(block, multiplier(start, stop), out=work)
+        else:
+            work.copy_(block)  # the op's .to(torch.float32), one block at a time
+            work.mul_(multiplier(start, stop))
+        work.round_()
+        work.add_(offset(start, stop))
+        work.clamp_(quant_min, quant_max)
+        out_flat[start:stop].copy_(work)  # the op's .to(dtype)
+    return out

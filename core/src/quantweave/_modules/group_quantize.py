@@ -29,25 +29,40 @@ import torch
 from . import chunked_quantize
 from .torch_compat import quantized_decomposed_ops
 
-__all__ = ["quantize_groups", "quantize_weight"]
+__all__ = ["new_workspace", "qparams_valid", "quantize_groups", "quantize_weight"]
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _INTEGERS = (torch.int8, torch.uint8, torch.int16, torch.int32)
 _ZERO_POINTS = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 
 
-def quantize_weight(q_op: Any, value: Any, args: tuple[Any, ...]) -> Any:
+def new_workspace() -> chunked_quantize.Workspace:
+    """The float32 block buffer one convert quantizes all its weights in (allocated on first use)."""
+    return chunked_quantize.Workspace(chunked_quantize.BLOCK_ELEMENTS)
+
+
+def quantize_weight(
+    q_op: Any, value: Any, args: tuple[Any, ...], workspace: chunked_quantize.Workspace | None = None
+) -> Any:
     """``q_op(value, *args)`` (a quantize op convert emits, its qparams evaluated), computed
-    by :func:`quantize_groups` where it applies, else by ``quantize_constant``."""
+    by :func:`quantize_groups` or :func:`.chunked_quantize.quantize_affine_rows` where they
+    apply (their float32 temporaries in ``workspace``, reused by every weight it is given
+    for: one per convert), else by ``quantize_constant``."""
     block_elements = chunked_quantize.BLOCK_ELEMENTS
+    if workspace is None or workspace.block_elements != block_elements:
+        workspace = chunked_quantize.Workspace(block_elements)
     if q_op == quantized_decomposed_ops().quantize_per_channel_group.default:
-        result = quantize_groups(value, args, block_elements)
-        if result is not None:
-            return result
+        result = quantize_groups(value, args, block_elements, workspace)
+    else:
+        result = chunked_quantize.quantize_affine_rows(q_op, value, args, workspace)
+    if result is not None:
+        return result
     return chunked_quantize.quantize_constant(q_op, value, args, block_elements)
 
 
-def quantize_groups(value: Any, args: tuple[Any, ...], block_elements: int) -> torch.Tensor | None:
+def quantize_groups(
+    value: Any, args: tuple[Any, ...], block_elements: int, workspace: chunked_quantize.Workspace | None = None
+) -> torch.Tensor | None:
     """``quantize_per_channel_group(value, *args)`` for a 2-D float weight of more than
     ``block_elements`` elements with float32 scales and integer zero points, one per group;
     None for anything else (the caller computes it with the op)."""
@@ -80,16 +95,37 @@ def quantize_groups(value: Any, args: tuple[Any, ...], block_elements: int) -> t
     per_row = columns // group_size
     step = max(1, block_elements // columns)
     out = torch.empty(value.shape, dtype=dtype, device=value.device)
+    if workspace is None or workspace.block_elements < block_elements:
+        workspace = chunked_quantize.Workspace(block_elements)
     for start in range(0, rows, step):
         stop = min(rows, start + step)
         block = value[start:stop].reshape(-1, group_size)
         if torch.isnan(block.sum()) and bool(torch.isnan(block).any()):
             raise AssertionError("to_quant must not contain NaNs")  # the op's error
         first, last = start * per_row, stop * per_row
-        work = block.mul(inverse[first:last])
+        work = workspace.take(block.numel(), value.device).view(block.shape)
+        torch.mul(block, inverse[first:last], out=work)
         if offsets is not None:
             work.add_(offsets[first:last])
         work.round_()
         work.clamp_(quant_min, quant_max)
         out[start:stop].copy_(work.reshape(stop - start, columns))
     return out
+
+
+def qparams_valid(value: Any, positive: bool) -> bool:
+    """True when every element of ``value`` (scales or zero points: a tensor or numbers) is
+    finite, and > 0 with ``positive`` (no element: False with ``positive``, else True). One reduction of a float tensor
+    in its own dtype (an LLM's group scales are 10^5-10^6 values, checked once each), none
+    of an integer one; the same verdict as converting to float64 and checking there."""
+    if isinstance(value, torch.Tensor) and not value.is_complex():
+        if value.numel() == 0:
+            return not positive
+        if not value.is_floating_point():
+            return not positive or bool((value > 0).all())
+        low, high = torch.aminmax(value.detach().reshape(-1))  # NaN anywhere: both NaN
+        return bool(high < float("inf")) and (bool(low > 0) if positive else bool(low > float("-inf")))
+    as_float = torch.as_tensor(value, dtype=torch.float64)
+    if positive and as_float.numel() == 0:
+        return False
+    return bool(torch.isfinite(as_float).all()) and (not positive or bool((as_float > 0).all()))

@@ -10,6 +10,7 @@ from torch.fx import GraphModule, Node
 
 from .._modules.graph import copy_graph_module, get_attr_value, rebuild
 from .._modules.patterns import vocabulary_op
+from .._modules.working_copy import is_working_copy
 
 __all__ = [
     "attr_value",
@@ -115,8 +116,16 @@ def attr_value(node: Any) -> Any:
         return None
 
 
-def copy_for_rewrite(model: GraphModule) -> tuple[GraphModule, dict[str, Node]]:
+def copy_for_rewrite(model: GraphModule, *, reuse_working_copy: bool = False) -> tuple[GraphModule, dict[str, Node]]:
     """A working copy of ``model`` to rewrite, and its nodes by name.
+
+    ``reuse_working_copy=True``: when ``model`` is the copy of the caller's graph that
+    ``prepare_pt2e`` / ``prepare_qat_pt2e`` hands to ``transform_for_annotation`` (nothing
+    else holds it), ``model`` itself is returned, to be rewritten in place (no second copy,
+    and :func:`finish_rewrite` leaves its code to prepare's own rebuild). Only for a rewrite
+    that returns the module it edits: an edit abandoned midway would stay in ``model``.
+    Any other module, e.g. one a caller passes to ``transform_for_annotation`` directly, is
+    copied as without it.
 
     The copy has its own graph, nodes and node meta dicts (shallow copies), and shares
     ``model``'s parameters, buffers and submodules (a tensor the graph writes in place is
@@ -136,11 +145,19 @@ def copy_for_rewrite(model: GraphModule) -> tuple[GraphModule, dict[str, Node]]:
     exported pytree specs and makes torch warn about ``LeafSpec``)."""
     if not isinstance(model, GraphModule):
         raise TypeError(f"copy_for_rewrite expects a torch.fx.GraphModule; got {type(model).__name__}")
+    if reuse_working_copy and is_working_copy(model):
+        return model, {n.name: n for n in model.graph.nodes}
     result, _ = copy_graph_module(model)
     return result, {n.name: n for n in result.graph.nodes}
 
 
 def finish_rewrite(model: GraphModule) -> GraphModule:
     """The rewritten copy as an ordinary GraphModule: the graph is checked (``lint``) and its
-    Python code generated; attributes the graph no longer reads are dropped."""
+    Python code generated; attributes the graph no longer reads are dropped. Prepare's own
+    working copy (``copy_for_rewrite(..., reuse_working_copy=True)``) is checked and returned
+    with its code marked for regeneration: prepare's rebuild generates it, and drops them."""
+    if is_working_copy(model):
+        model.graph.lint()
+        model.recompile()  # a lazy GraphModule: generated on first use
+        return model
     return rebuild(model)

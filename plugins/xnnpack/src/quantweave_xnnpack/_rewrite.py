@@ -26,7 +26,8 @@ def scalars_to_buffers(model: GraphModule) -> GraphModule:
     ]
     if not todo:
         return model
-    result, by_name = copy_for_rewrite(model)  # the caller's graph is never touched; tensors are shared
+    # the caller's graph is never touched (prepare's own working copy is rewritten in place); tensors are shared
+    result, by_name = copy_for_rewrite(model, reuse_working_copy=True)
     graph = result.graph
     counter = 0
     for name in todo:

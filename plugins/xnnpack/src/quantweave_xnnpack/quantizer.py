@@ -161,7 +161,8 @@ class XNNPACKQuantizer(qw.Quantizer):
     def transform_for_annotation(self, model: GraphModule) -> GraphModule:
         """Python-number operands of float32 add / mul become 0-d float32 buffers, so they can
         be observed. Returns a new GraphModule (sharing ``model``'s tensors) when anything
-        changes; ``model`` itself is never modified."""
+        changes; ``model`` itself is never modified -- except the working copy of the caller's
+        graph that ``prepare_pt2e`` hands over, which is rewritten in place (no second copy)."""
         return scalars_to_buffers(model)
 
     def annotate(self, model: GraphModule) -> GraphModule:
