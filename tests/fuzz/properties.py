@@ -32,7 +32,6 @@ from .flow import (
     flat_outputs,
     functional_name,
     inputs_unchanged,
-    manager,
     members,
     names_something,
     occurrences,
@@ -88,7 +87,10 @@ class Case:
     non_finite: list[str] = field(default_factory=list)
 
     @classmethod
-    def of(cls, program: Program, test: str, train: bool = False) -> Case:
+    def of(cls, program: Program, test: str, train: bool = False, ranges: bool = True) -> Case:
+        """``ranges=False``: the float model's ranges and non-finite nodes are not recorded
+        (a run over every calibration batch): for a case that is only compared with another
+        one, already judged (the branch-order test's swapped program)."""
         model = build(program)
         if train:
             model.train()
@@ -116,7 +118,7 @@ class Case:
             model_state,
         )
         case.input_copies = [clone_inputs(b) for b in (inputs, *calibration)]
-        if not train:
+        if not train and ranges:
             case.ranges, case.non_finite = float_ranges(case)
         return case
 
@@ -235,9 +237,12 @@ def sqnr_gap(flow: Flow, case: Case) -> str | None:
 
 
 def cap_ops(cap: Any) -> tuple[str, ...]:
-    """A capability's op chain; a pattern a plugin contributes (onnxruntime's split, resize)
-    is declared with no ops of its own: its ops come from the vocabulary the plugins load."""
-    return tuple(cap.ops) or manager().vocabulary().ops(cap.pattern)
+    """A capability's op chain. Every capability carries its ops (a core pattern's from the
+    vocabulary, a contributed one's -- onnxruntime's split, resize -- from its plugin), so
+    the vocabulary fallback this once needed is gone: an empty chain is a defect, named."""
+    ops = tuple(cap.ops)
+    assert ops, f"capability {cap.pattern!r} of {cap.plugin or cap.quantizer or '?'} declares no ops"
+    return ops
 
 
 def _declared_ops(quantizer: qw.Quantizer) -> dict[str, list[tuple[str, Any]]]:

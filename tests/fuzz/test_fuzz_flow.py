@@ -164,7 +164,8 @@ def test_branch_order_does_not_change_quantization(program: Program, config: QCo
     assert _has_branch(program)
     swapped = swap_branches(program)
     _describe(program, config)
-    first, second = Case.of(program, "order"), Case.of(swapped, "order")
+    # the swapped program computes the same values: only the first is checked for inf / NaN
+    first, second = Case.of(program, "order"), Case.of(swapped, "order", ranges=False)
     _skip_non_finite(first)
     assert [str(n.target) for n in first.exported.graph.nodes] != [] and first.reference
     a = run_flow(first.exported, config, first.calibration, first.test_inputs)
