@@ -28,7 +28,7 @@ pytest.importorskip("transformers", reason="needs transformers (tox -e zoo)")
 pytest.importorskip("executorch.exir", reason="needs ExecuTorch 1.5.1 (tox -e zoo)")
 pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e", reason="needs torchao 0.18 (tox -e zoo)")
 
-from . import table  # noqa: E402
+from . import counts, table  # noqa: E402
 from .measure import CASES, changes, coverage, fingerprint, measure, zoo_model  # noqa: E402
 from .models import BUILDERS  # noqa: E402
 
@@ -132,6 +132,21 @@ def test_changes_names_what_a_flow_changed_in_the_shared_model():
     linear.replace_all_uses_with(relu, delete_user_cb=lambda user: user is not relu)
     gm.recompile()
     assert changes(before, gm)[0] == "the graph's code"
+
+
+def test_counts_count_each_step_and_write_them(tmp_path):
+    """QUANTWEAVE_ZOO_COUNTS: a counted step is counted once a call and written to the file named
+    at the end; nothing stays patched after the session."""
+    original = torch.export.export
+    out = tmp_path / "counts.tsv"
+    session = counts.counting(str(out))
+    calls, _ = next(session)
+    assert torch.export.export is not original
+    torch.export.export(torch.nn.Linear(2, 2), (torch.randn(1, 2),))
+    assert calls == {"torch.export.export": 1}
+    session.close()
+    assert torch.export.export is original
+    assert "torch.export.export\t1\t" in out.read_text()
 
 
 def test_docs_table_agrees_with_this_run():
