@@ -25,7 +25,9 @@ entry point with one: two private names of torch 2.13's exporter, checked by
   decomposition table for the registry's ops: it collects torch's decompositions, among them
   every CompositeImplicitAutograd op of every op namespace) and
   ``torch.export.exported_program._collect_all_valid_cia_ops()`` (that collection again, in
-  ``ExportedProgram.run_decompositions``); each is computed once per set of registered ops and a
+  ``ExportedProgram.run_decompositions``); each is computed once per count of registered ops,
+  CompositeImplicitAutograd kernels and torch decompositions (``torch._C.
+  _dispatch_get_registrations_for_dispatch_key``, ``torch._decomp.decomposition_table``) and a
   copy handed out, the originals put back when the export returns.
 
 Where they are missing or changed, :func:`export` says so once (a warning) and takes the
@@ -68,8 +70,13 @@ def fast_path_missing() -> str | None:
     for name in ("from_torchlib", "register_op"):
         if not hasattr(registry_class, name):
             return f"torch.onnx._internal.exporter._registration.ONNXRegistry.{name} is missing"
-    if not callable(getattr(torch._C, "_dispatch_get_all_op_names", None)):
-        return "torch._C._dispatch_get_all_op_names is missing"
+    for name in ("_dispatch_get_all_op_names", "_dispatch_get_registrations_for_dispatch_key"):
+        if not callable(getattr(torch._C, name, None)):
+            return f"torch._C.{name} is missing"
+    from torch import _decomp as torch_decompositions
+
+    if not isinstance(getattr(torch_decompositions, "decomposition_table", None), dict):
+        return "torch._decomp.decomposition_table is missing"
     from torch.export import exported_program
     from torch.onnx._internal.exporter import _decomp
 
@@ -103,15 +110,27 @@ def _registry(opset_version: int, registered_ops: int) -> Any:
     return _registration.ONNXRegistry.from_torchlib(opset_version=max(opset_version, _constants.TORCHLIB_OPSET))
 
 
-_DECOMPOSITION_TABLES: dict[tuple[int, frozenset[Any]], dict[Any, Any]] = {}
-_CIA_OPS: dict[int, set[Any]] = {}
+_DECOMPOSITION_TABLES: dict[tuple[tuple[int, int, int], frozenset[Any]], dict[Any, Any]] = {}
+_CIA_OPS: dict[tuple[int, int, int], set[Any]] = {}
+
+
+def _registrations() -> tuple[int, int, int]:
+    """What those results depend on, counted (about 3 ms): the registered ops, the
+    CompositeImplicitAutograd kernels, torch's decompositions."""
+    from torch import _decomp as torch_decompositions
+
+    return (
+        len(torch._C._dispatch_get_all_op_names()),
+        len(torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd")),
+        len(torch_decompositions.decomposition_table),
+    )
 
 
 @contextlib.contextmanager
 def _reused_decomposition_tables() -> Iterator[None]:
-    """For the duration of one export: the decomposition table per (registered ops, registry
-    ops) and torch's CompositeImplicitAutograd op set per registered ops, computed once per
-    process (copies handed out; at most a few entries: one per set of registered ops)."""
+    """For the duration of one export: the decomposition table per (registrations, registry
+    ops) and torch's CompositeImplicitAutograd op set per registrations (:func:`_registrations`),
+    computed once per process (copies handed out; a few entries at most)."""
     from torch.export import exported_program
     from torch.onnx._internal.exporter import _decomp
 
@@ -119,16 +138,16 @@ def _reused_decomposition_tables() -> Iterator[None]:
     collect = exported_program._collect_all_valid_cia_ops
 
     def table(onnx_registered_ops: set[Any]) -> dict[Any, Any]:
-        key = (len(torch._C._dispatch_get_all_op_names()), frozenset(onnx_registered_ops))
+        key = (_registrations(), frozenset(onnx_registered_ops))
         if key not in _DECOMPOSITION_TABLES:
             _DECOMPOSITION_TABLES[key] = make_table(onnx_registered_ops)
         return dict(_DECOMPOSITION_TABLES[key])
 
     def cia_ops() -> set[Any]:
-        key = len(torch._C._dispatch_get_all_op_names())
-        if key not in _CIA_OPS:
-            _CIA_OPS[key] = set(collect())
-        return set(_CIA_OPS[key])
+        counts = _registrations()
+        if counts not in _CIA_OPS:
+            _CIA_OPS[counts] = set(collect())
+        return set(_CIA_OPS[counts])
 
     _decomp.create_onnx_friendly_decomposition_table = table
     exported_program._collect_all_valid_cia_ops = cia_ops
