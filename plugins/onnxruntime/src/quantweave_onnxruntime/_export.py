@@ -12,7 +12,7 @@ import tempfile
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -56,6 +56,7 @@ def to_onnx(
     opset_version: int | None = None,
     fold_relu: bool = True,
     verbose: bool = False,
+    optimizer: Literal["fold", "full"] = "fold",
 ) -> Path:
     """Write ``converted`` (the result of ``quantweave.convert_pt2e``) to ``path`` as ONNX.
 
@@ -72,9 +73,13 @@ def to_onnx(
     (``ORTQuantizer(is_dynamic=True)``) is written as ORT's ``quantize_dynamic`` writes one:
     ``DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul``, which ORT fuses into
     ``DynamicQuantizeMatMul``. ``verbose``: let the exporter print its progress lines (silent
-    by default). The exporter's function registry is built once per process and reused (a
-    contained shim over torch 2.13's exporter, ``_torch_onnx_compat``; with ``dynamic_shapes``,
-    or on a torch whose exporter differs, the public ``torch.onnx.export`` is called as is).
+    by default). ``optimizer``: ``"fold"`` (default) runs onnxscript's optimizer without its
+    pattern rewriter (constant folding and clean-up: the rewriter's rules changed nothing on our
+    Q/DQ graphs and were most of the optimizer's time), ``"full"`` all of it, as
+    ``torch.onnx.export`` does (``_optimizer``). The exporter's function registry is built once
+    per process and reused, and so are its decomposition tables (a contained shim over torch
+    2.13's exporter, ``_torch_onnx_compat``; with ``dynamic_shapes``, or on a torch whose
+    exporter differs, the public ``torch.onnx.export`` is called as is).
     ``converted`` is not modified. Returns the path."""
     if not isinstance(example_inputs, tuple):
         raise TypeError(f"to_onnx: example_inputs must be a tuple of inputs; got {type(example_inputs).__name__}")
@@ -82,10 +87,15 @@ def to_onnx(
         import onnxscript  # noqa: F401  (torch.onnx's dynamo exporter needs it)
     except ImportError as error:
         raise _missing("to_onnx", error) from None
+    from . import _integer_ops, _onnx_cleanup, _optimizer, _torch_onnx_compat
+
+    if optimizer not in _optimizer.OPTIMIZERS:
+        raise ValueError(
+            f"to_onnx: optimizer must be one of {', '.join(map(repr, _optimizer.OPTIMIZERS))}; got {optimizer!r}"
+        )
     target = Path(path)
     if not target.parent.is_dir():
         raise FileNotFoundError(f"to_onnx: directory {str(target.parent)!r} of {str(target)!r} does not exist")
-    from . import _integer_ops, _onnx_cleanup, _torch_onnx_compat
 
     dynamic = _integer_ops.has_dynamic_quantization(converted)
     with warnings.catch_warnings():
@@ -98,9 +108,11 @@ def to_onnx(
             opset_version=opset_version,
             custom_translation_table=_integer_ops.translations() if dynamic else None,
             verbose=verbose,
+            optimize=False,
         )
     if program is None:  # pragma: no cover - dynamo export always returns its program
         raise RuntimeError("to_onnx: torch.onnx.export returned no program")
+    _optimizer.optimize(program, optimizer)
     program.save(str(target))
     if fold_relu:
         _fold_relu_into_quantize(target)
