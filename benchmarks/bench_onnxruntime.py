@@ -21,8 +21,9 @@ and the three models run on ONNX Runtime's CPU provider (2 intra-op threads). Mo
               (skipped when transformers is not installed).
 
 The models, ORT's side and the measures come from ``quantweave_onnxruntime.testing`` (shared
-with tests/onnxruntime). Latencies are medians of interleaved repetitions (fp32, ours, ORT,
-fp32, ...). Quantizing is done ``--quantize-reps`` times each way, interleaved (ours, ORT, ORT,
+with tests/onnxruntime). Latencies are medians of interleaved repetitions, the order rotating
+(fp32, ours, ORT; ours, ORT, fp32; ...), each session's threads not spinning between runs
+(``session.intra_op.allow_spinning=0``: a spinning session slows the next one down). Quantizing is done ``--quantize-reps`` times each way, interleaved (ours, ORT, ORT,
 ours, ...), medians. Printed per model: quantize time (export included), SQNR vs the float
 PyTorch model, model size, int8 products / all conv + matmul + gemm products in ORT's optimized
 graph, latency and ratios; then where quantize time goes: ours split into torch.export,
@@ -51,7 +52,7 @@ import onnxruntime as ort
 import torch
 
 import quantweave as qw
-from quantweave_onnxruntime import ORTQuantizer, _torch_onnx_compat, ort_session, to_onnx
+from quantweave_onnxruntime import ORTQuantizer, _torch_onnx_compat, to_onnx
 from quantweave_onnxruntime.testing import (
     BENCH_MODELS,
     cpu_int8_flags,
@@ -191,7 +192,7 @@ def case(
     ours_time, ort_time = ours_split["total"], ort_split["total"]
 
     paths = {"fp32": fp32, "ours": ours, "ORT": theirs}
-    sessions = {k: ort_session(p, intra_op_threads=2) for k, p in paths.items()}
+    sessions = {k: _latency_session(p, args.threads or 2) for k, p in paths.items()}
     feed = {sessions["fp32"].get_inputs()[0].name: x.numpy()}
     reference = model(x).detach().numpy()
     outputs = {k: s.run(None, feed)[0] for k, s in sessions.items()}
@@ -199,8 +200,10 @@ def case(
         for _ in range(3):
             s.run(None, feed)
     times: dict[str, list[float]] = {k: [] for k in sessions}
-    for _ in range(args.reps):
-        for k, s in sessions.items():
+    for rep in range(args.reps):  # interleaved, the order rotating (no session always runs after the same one)
+        keys = list(sessions)
+        for k in keys[rep % 3 :] + keys[: rep % 3]:
+            s = sessions[k]
             t = time.perf_counter()
             s.run(None, feed)
             times[k].append(time.perf_counter() - t)
@@ -227,6 +230,18 @@ def case(
         f"{ort_time - ort_split['torch.onnx.export']:.2f}",
         flush=True,
     )
+
+
+def _latency_session(path: Path, threads: int) -> ort.InferenceSession:
+    """A session for the latency rounds: ``threads`` intra-op threads that do not spin once a run
+    ends. Three sessions take turns on the same cores; with ORT's default (spinning on), the
+    threads of the session that just ran keep spinning while the next one runs and slow it down
+    by a factor that depends on the order (session 5: "1.67x" for an int8 MobileNet whose
+    optimized graph is node for node quantize_static's)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 class _PhaseClock:
