@@ -23,8 +23,9 @@ and the three models run on ONNX Runtime's CPU provider (2 intra-op threads). Mo
 The models, ORT's side and the measures come from ``quantweave_onnxruntime.testing`` (shared
 with tests/onnxruntime). Latencies are medians of interleaved repetitions, the order rotating
 (fp32, ours, ORT; ours, ORT, fp32; ...), each session's threads not spinning between runs
-(``session.intra_op.allow_spinning=0``: a spinning session slows the next one down). Quantizing is done ``--quantize-reps`` times each way, interleaved (ours, ORT, ORT,
-ours, ...), medians. Printed per model: quantize time (export included), SQNR vs the float
+(``session.intra_op.allow_spinning=0``: a spinning session slows the next one down).
+Quantizing is done ``--quantize-reps`` times each way, interleaved (ours, ORT, ORT, ours, ...),
+medians. Printed per model: quantize time (export included), SQNR vs the float
 PyTorch model, model size, int8 products / all conv + matmul + gemm products in ORT's optimized
 graph, latency and ratios; then where quantize time goes: ours split into torch.export,
 prepare, calibrate (``qw.calibrate``), convert, torch.onnx.export and the rest of ``to_onnx``;
