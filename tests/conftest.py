@@ -19,3 +19,12 @@ def _torchao_patterns_exported_once():
     from tests.peer.torchao_patterns import patterns_exported_once
 
     yield from patterns_exported_once()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cia_ops_collected_once():
+    """torch's walk for the preservable CompositeImplicitAutograd ops, 5 per ExecuTorch lowering (run
+    by every ``run_decompositions``), done once per operator registry state (tests/executorch_speedups.py)."""
+    from tests.executorch_speedups import cia_ops_collected_once
+
+    yield from cia_ops_collected_once()

@@ -1,5 +1,5 @@
 """Programs several modules of tests/executorch_plugin lower, built once per session (each
-ExecuTorch lowering of the decoder LM costs tens of CPU seconds). The fixtures hand out the
+ExecuTorch lowering of the decoder LM costs seconds to tens of CPU seconds). The fixtures hand out the
 same objects to every test: a test must not mutate them (none does: ``to_executorch``,
 ``rewrite_embeddings`` and the runtime leave their input as it was)."""
 
@@ -43,4 +43,28 @@ def lm4096_tables4():
     model = tiny_decoder_lm(vocab=4096)
     prompts = lm_prompts(model, 2)
     _, converted = _quantize(model, prompts, qe.ExecuTorchQuantizer(embedding_bits=4, linear_bits=None))
+    return model, prompts, converted, qe.to_executorch(converted, (prompts[:1],))
+
+
+@pytest.fixture(scope="session")
+def tied_lm_8da4w():
+    """(model, prompts, converted, program): a small tied decoder LM (vocab 256, dim 64, one layer;
+    the head's weight is the token table), 8da4w (4-bit linears and tables in groups of 32) with
+    ``blocks.0.fc2`` kept 8-bit, calibrated on 2 prompts, lowered (test_8da4w_recipe, test_speedups)."""
+    pytest.importorskip("executorch.exir", reason="needs ExecuTorch 1.5.1 (tox -e executorch)")
+    import quantweave_executorch as qe
+
+    model = tiny_decoder_lm(vocab=256, dim=64, layers=1, heads=2, max_seq=16, tied=True)
+    prompts = lm_prompts(model, 2)
+    quantizer = qe.ExecuTorchQuantizer(
+        "llm",
+        linear_bits=4,
+        linear_group_size=32,
+        embedding_bits=4,
+        embedding_group_size=32,
+        linear_overrides={"blocks.0.fc2": 8},
+    )
+    prepared = qw.prepare_pt2e(torch.export.export(model, (prompts[:1],)).module(), quantizer)
+    qw.calibrate(prepared, [(prompts[i : i + 1],) for i in range(2)], progress=False)
+    converted = qw.convert_pt2e(prepared)
     return model, prompts, converted, qe.to_executorch(converted, (prompts[:1],))

@@ -2,8 +2,8 @@
 linear_group_size=g)`` composes XNNPACK's blockwise 4-bit linears with 4-bit tables and tied
 heads; ``linear_overrides`` keeps layers 8-bit or float by module name or type.
 
-The option checks run anywhere; the programs (marker ``executorch``) are built once per module
-from a small decoder LM (vocab 256, dim 64, one layer)."""
+The option checks run anywhere; the program (marker ``executorch``) is built once per session
+from a small decoder LM (vocab 256, dim 64, one layer; tests/executorch_plugin/conftest.py)."""
 
 import pytest
 import torch
@@ -95,15 +95,11 @@ def test_declares_linear_per_group():
 # -- lowered and run ---------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tied_program():
-    """A tied LM (the head's weight is the token table), 8da4w with ``blocks.0.fc2`` kept 8-bit, lowered."""
-    pytest.importorskip("executorch.exir", reason="needs ExecuTorch 1.5.1 (tox -e executorch)")
-    import quantweave_executorch as qe
-
-    model = _lm(tied=True)
-    prompts, _, converted = _quantize(model, **EIGHT_DA_FOUR_W, linear_overrides={"blocks.0.fc2": 8})
-    return model, prompts, converted, qe.to_executorch(converted, (prompts[:1],))
+@pytest.fixture
+def tied_program(tied_lm_8da4w):
+    """A tied LM (the head's weight is the token table), 8da4w with ``blocks.0.fc2`` kept 8-bit, lowered
+    (tests/executorch_plugin/conftest.py: shared with test_speedups)."""
+    return tied_lm_8da4w
 
 
 @pytest.mark.executorch

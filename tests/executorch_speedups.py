@@ -1,0 +1,98 @@
+"""torch's list of preservable CompositeImplicitAutograd ops computed once per operator registry
+state, for the test session (every env; what it saves is in ExecuTorch lowerings).
+
+``ExportedProgram.run_decompositions`` calls ``torch._export.utils._collect_all_valid_cia_ops``
+(via ``_split_decomp_table_to_cia_and_python_decomp`` and the decomposition table's
+``materialize``): it walks every op of every ``torch.ops`` namespace (about 195 in a test
+session, where tests register their own libraries) and asks the dispatcher about each overload.
+An ExecuTorch lowering (``to_edge_transform_and_lower``) decomposes 5 times: the lead's
+cProfile put this walk at ~1.1 s of a 1.8 s lowering of a 2-op model. torch does not cache it
+because a ``torch.library`` registration can change the answer; its answer depends only on the
+operator registry, so this memoizes it on a fingerprint of that registry, taken at every call
+(about 7 ms, :func:`registry_fingerprint`):
+
+- the set of ops with a C++ ``CompositeImplicitAutograd`` kernel (a registered or removed CIA
+  kernel, a library torn down, changes it),
+- the number of operators the dispatcher knows (a newly defined op),
+- the ``torch.ops`` namespaces and the op packets materialized in each (an op first reached
+  from Python: the walk only sees materialized packets).
+
+What it cannot see without the walk itself: a Python-only CIA kernel (``op.py_impl(
+DispatchKey.CompositeImplicitAutograd)``) added to an already materialized op that has no C++
+CIA kernel; torch's export adds such kernels only inside its own decomposition contexts, after
+the list is taken. ``QUANTWEAVE_CHECK_CIA_MEMO=1`` computes the original as well on every call
+and fails on any difference (how the memo was checked on the executorch, xnnpack and zoo envs).
+
+Each caller gets its own copy of the set (torch's callers only read it; a copy keeps it so).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Hashable, Iterator
+
+import pytest
+import torch
+
+NAME = "_collect_all_valid_cia_ops"
+CHECK = "QUANTWEAVE_CHECK_CIA_MEMO"
+
+
+def registry_fingerprint() -> Hashable:
+    """A cheap key that changes whenever the preservable CIA ops can (see the module docstring)."""
+    cia = frozenset(torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd"))
+    namespaces = tuple(
+        (name, len(namespace._dir))
+        for name in list(torch.ops._dir)
+        if isinstance(namespace := getattr(torch.ops, name), torch._ops._OpNamespace)
+    )
+    return (cia, len(torch._C._dispatch_get_all_op_names()), namespaces)
+
+
+def memoized(original: Callable[[], set], stats: dict, check: bool = False) -> Callable[[], set]:
+    """``original`` (``_collect_all_valid_cia_ops``) remembered for the last registry fingerprint;
+    ``stats`` counts "computed" and "reused"; ``check``: compute the original on every call too and
+    raise AssertionError naming the ops that differ."""
+    last: list = [None, None]  # fingerprint, result
+
+    def collect() -> set:
+        key = registry_fingerprint()
+        if last[1] is None or last[0] != key:
+            stats["computed"] += 1
+            # the walk materializes packets (changing the fingerprint): key the result on the state after it
+            last[1] = frozenset(original())
+            last[0] = registry_fingerprint()
+        else:
+            stats["reused"] += 1
+            if check:
+                fresh = original()
+                if fresh != last[1]:
+                    raise AssertionError(
+                        f"{CHECK}: memoized {NAME} differs from torch's: missing "
+                        f"{sorted(map(str, fresh - last[1]))[:10]}, extra {sorted(map(str, last[1] - fresh))[:10]}"
+                    )
+        return set(last[1])
+
+    collect.__wrapped__ = original  # type: ignore[attr-defined]
+    return collect
+
+
+def cia_ops_collected_once() -> Iterator[dict]:
+    """For a session-scoped autouse fixture (tests/conftest.py): patches ``_collect_all_valid_cia_ops``
+    for the session in ``torch._export.utils`` and in every imported module that bound it by name
+    (``torch.export.exported_program``, ``torch.export.decomp_utils``); yields the counts."""
+    from torch._export import utils
+
+    stats = {"computed": 0, "reused": 0}
+    original = getattr(utils, NAME)
+    collect = memoized(original, stats, check=os.environ.get(CHECK) == "1")
+    patch = pytest.MonkeyPatch()
+    for module in list(sys.modules.values()):
+        # the module's own namespace: a module-level __getattr__ (a deprecated alias) is not asked
+        if getattr(module, "__dict__", {}).get(NAME) is original:
+            patch.setattr(module, NAME, collect)
+    try:
+        yield stats
+    finally:
+        patch.undo()
