@@ -5,7 +5,7 @@ state, for the test session (every env; what it saves is in ExecuTorch lowerings
 (via ``_split_decomp_table_to_cia_and_python_decomp`` and the decomposition table's
 ``materialize``): it walks every op of every ``torch.ops`` namespace (about 195 in a test
 session, where tests register their own libraries) and asks the dispatcher about each overload.
-An ExecuTorch lowering (``to_edge_transform_and_lower``) decomposes 5 times: the lead's
+An ExecuTorch lowering (``to_edge_transform_and_lower``) decomposes 5 times: a
 cProfile put this walk at ~1.1 s of a 1.8 s lowering of a 2-op model. torch does not cache it
 because a ``torch.library`` registration can change the answer; its answer depends only on the
 operator registry, so this memoizes it on a fingerprint of that registry, taken at every call
