@@ -117,3 +117,21 @@ def test_an_unknown_optimizer_is_named(converted, tmp_path):
     with pytest.raises(ValueError, match=r"optimizer.*'fast'"):
         to_onnx(gm, (x,), tmp_path / "m.onnx", optimizer="fast")  # type: ignore[arg-type]
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_the_reused_tables_key_sees_an_op_packet_first_reached_between_exports():
+    """torch's CIA-op collection walks only the op packets materialized in ``torch.ops``: an op
+    first reached from Python changes its answer without changing any registration count, and
+    the key of the reused tables must change with it."""
+    from quantweave_onnxruntime import _torch_onnx_compat
+
+    lib = torch.library.Library("qw_reuse_key", "DEF")
+    try:
+        lib.define("probe(Tensor x) -> Tensor")
+        before = _torch_onnx_compat._registrations()
+        assert torch.ops.qw_reuse_key.probe is not None  # reached from Python: materialized
+        after = _torch_onnx_compat._registrations()
+        assert before[:3] == after[:3]  # no registration count moved
+        assert before != after
+    finally:
+        lib._destroy()

@@ -27,8 +27,10 @@ entry point with one: two private names of torch 2.13's exporter, checked by
   ``torch.export.exported_program._collect_all_valid_cia_ops()`` (that collection again, in
   ``ExportedProgram.run_decompositions``); each is computed once per count of registered ops,
   CompositeImplicitAutograd kernels and torch decompositions (``torch._C.
-  _dispatch_get_registrations_for_dispatch_key``, ``torch._decomp.decomposition_table``) and a
-  copy handed out, the originals put back when the export returns.
+  _dispatch_get_registrations_for_dispatch_key``, ``torch._decomp.decomposition_table``) and of
+  the op packets materialized in each ``torch.ops`` namespace (the collection walks only those:
+  an op first reached from Python between two exports changes it), and a copy handed out, the
+  originals put back when the export returns.
 
 Where they are missing or changed, :func:`export` says so once (a warning) and takes the
 public ``torch.onnx.export``: the same ONNX file, only slower. tests/onnxruntime checks that
@@ -73,6 +75,10 @@ def fast_path_missing() -> str | None:
     for name in ("_dispatch_get_all_op_names", "_dispatch_get_registrations_for_dispatch_key"):
         if not callable(getattr(torch._C, name, None)):
             return f"torch._C.{name} is missing"
+    if not isinstance(getattr(torch.ops, "_dir", None), list) or not isinstance(
+        getattr(getattr(torch.ops, "aten", None), "_dir", None), list
+    ):
+        return "torch.ops._dir (the materialized op namespaces and packets) is missing"
     from torch import _decomp as torch_decompositions
 
     if not isinstance(getattr(torch_decompositions, "decomposition_table", None), dict):
@@ -110,19 +116,26 @@ def _registry(opset_version: int, registered_ops: int) -> Any:
     return _registration.ONNXRegistry.from_torchlib(opset_version=max(opset_version, _constants.TORCHLIB_OPSET))
 
 
-_DECOMPOSITION_TABLES: dict[tuple[tuple[int, int, int], frozenset[Any]], dict[Any, Any]] = {}
-_CIA_OPS: dict[tuple[int, int, int], set[Any]] = {}
+_DECOMPOSITION_TABLES: dict[tuple[Any, frozenset[Any]], dict[Any, Any]] = {}
+_CIA_OPS: dict[Any, set[Any]] = {}
 
 
-def _registrations() -> tuple[int, int, int]:
-    """What those results depend on, counted (about 3 ms): the registered ops, the
-    CompositeImplicitAutograd kernels, torch's decompositions."""
+def _registrations() -> tuple[int, int, int, tuple[tuple[str, int], ...]]:
+    """What those results depend on, counted (a few ms): the registered ops, the
+    CompositeImplicitAutograd kernels, torch's decompositions, and the op packets materialized
+    in each ``torch.ops`` namespace."""
     from torch import _decomp as torch_decompositions
 
+    namespaces = tuple(
+        (name, len(namespace._dir))
+        for name in list(torch.ops._dir)
+        if isinstance(namespace := getattr(torch.ops, name), torch._ops._OpNamespace)
+    )
     return (
         len(torch._C._dispatch_get_all_op_names()),
         len(torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd")),
         len(torch_decompositions.decomposition_table),
+        namespaces,
     )
 
 
@@ -137,17 +150,22 @@ def _reused_decomposition_tables() -> Iterator[None]:
     make_table = _decomp.create_onnx_friendly_decomposition_table
     collect = exported_program._collect_all_valid_cia_ops
 
+    # each result is also kept under the state after its computation: computing it materializes
+    # op packets (the collection walks the namespaces), and the next export starts from that state
     def table(onnx_registered_ops: set[Any]) -> dict[Any, Any]:
-        key = (_registrations(), frozenset(onnx_registered_ops))
+        ops = frozenset(onnx_registered_ops)
+        key = (_registrations(), ops)
         if key not in _DECOMPOSITION_TABLES:
-            _DECOMPOSITION_TABLES[key] = make_table(onnx_registered_ops)
+            result = make_table(onnx_registered_ops)
+            _DECOMPOSITION_TABLES[key] = _DECOMPOSITION_TABLES[(_registrations(), ops)] = result
         return dict(_DECOMPOSITION_TABLES[key])
 
     def cia_ops() -> set[Any]:
-        counts = _registrations()
-        if counts not in _CIA_OPS:
-            _CIA_OPS[counts] = set(collect())
-        return set(_CIA_OPS[counts])
+        key = _registrations()
+        if key not in _CIA_OPS:
+            result = set(collect())
+            _CIA_OPS[key] = _CIA_OPS[_registrations()] = result
+        return set(_CIA_OPS[key])
 
     _decomp.create_onnx_friendly_decomposition_table = table
     exported_program._collect_all_valid_cia_ops = cia_ops
