@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from quantweave_onnxruntime import ORTQuantizer, int8_kernels
-from quantweave_onnxruntime._onnx_cleanup import drop_clips_before_quantize, redundant_clip
+from quantweave_onnxruntime._onnx_cleanup import drop_redundant_activations, redundant_clip
 from quantweave_onnxruntime.testing import (
     REDUCE_RANGE,
     InvertedResidual,
@@ -86,7 +86,7 @@ def test_a_redundant_clip_is_dropped_and_ort_quantizes_every_input_as_before(
     x = np.concatenate([np.linspace(lo - 2, hi + 2, 48), [lo, hi, np.nextafter(hi, 9), -1e9, 1e9]]).astype(np.float32)
     x = np.concatenate([x, np.zeros(64 - x.size, np.float32)])
     (before,) = run(path, torch.from_numpy(x))
-    assert drop_clips_before_quantize(path) == 1
+    assert drop_redundant_activations(path) == 1
     assert _ops(path) == ["QuantizeLinear"]
     assert {t.name for t in onnx.load(str(path)).graph.initializer} == {"scale", "zp"}  # the bounds went too
     (after,) = run(path, torch.from_numpy(x))
@@ -104,13 +104,13 @@ def test_a_redundant_clip_is_dropped_and_ort_quantizes_every_input_as_before(
 )
 def test_a_clip_that_changes_quantized_values_stays(tmp_path, kwargs):
     path = _clip_graph(tmp_path / "clip.onnx", **kwargs)
-    assert drop_clips_before_quantize(path) == 0
+    assert drop_redundant_activations(path) == 0
     assert _ops(path) == ["Clip", "QuantizeLinear"]
 
 
 def test_a_clip_whose_output_is_also_read_elsewhere_stays(tmp_path):
     path = _clip_graph(tmp_path / "clip.onnx", 6.0 / 255, 0, extra_user=True)
-    assert drop_clips_before_quantize(path) == 0
+    assert drop_redundant_activations(path) == 0
     assert _ops(path) == ["Clip", "QuantizeLinear"]
 
 

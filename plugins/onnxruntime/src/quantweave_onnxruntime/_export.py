@@ -115,8 +115,7 @@ def to_onnx(
     _optimizer.optimize(program, optimizer)
     program.save(str(target))
     if fold_relu:
-        _fold_relu_into_quantize(target)
-        _onnx_cleanup.drop_clips_before_quantize(target)
+        _onnx_cleanup.drop_redundant_activations(target)
     if dynamic:
         _integer_ops.to_integer_ops(target)
     return target
@@ -124,47 +123,6 @@ def to_onnx(
 
 #: the name of :func:`to_onnx` before 0.2 (kept)
 export_onnx = to_onnx
-
-
-def _fold_relu_into_quantize(path: Path) -> None:
-    """Remove each Relu whose only consumer is a QuantizeLinear with the lowest value of its
-    dtype as zero point: the QuantizeLinear clamps there already, so the Relu changes nothing.
-    ONNX Runtime's own quantizer leaves such a Relu out too (its QDQ node unit is then
-    DQ -> op -> Q whatever graph rewrites ORT applies first, e.g. a 3-D linear's reshapes)."""
-    import onnx
-    from onnx import numpy_helper
-
-    model = onnx.load(str(path))
-    graph = model.graph
-    constants = {t.name: t for t in graph.initializer}
-    constants.update({n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant" and n.attribute})
-    consumers: dict[str, list[Any]] = collections.defaultdict(list)
-    for node in graph.node:
-        for name in node.input:
-            consumers[name].append(node)
-    outputs = {o.name for o in graph.output}
-    lowest = {onnx.TensorProto.UINT8: 0, onnx.TensorProto.INT8: -128}
-    dropped = []
-    for node in graph.node:
-        if node.op_type != "Relu" or node.output[0] in outputs:
-            continue
-        users = consumers[node.output[0]]
-        if len(users) != 1 or users[0].op_type != "QuantizeLinear" or len(users[0].input) < 3:
-            continue
-        zero_point = constants.get(users[0].input[2])
-        if zero_point is None or zero_point.data_type not in lowest:
-            continue
-        if (
-            numpy_helper.to_array(zero_point).size != 1
-            or int(numpy_helper.to_array(zero_point).item()) != lowest[zero_point.data_type]
-        ):
-            continue
-        users[0].input[0] = node.input[0]
-        dropped.append(node)
-    if dropped:
-        for node in dropped:
-            graph.node.remove(node)
-        onnx.save(model, str(path))
 
 
 def ort_session(

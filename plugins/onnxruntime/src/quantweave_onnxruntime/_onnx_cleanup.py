@@ -1,4 +1,10 @@
-"""Post-processing of the exported ONNX file: Clips that the next QuantizeLinear makes redundant.
+"""Post-processing of the exported ONNX file: Relus and Clips that the next QuantizeLinear
+makes redundant, removed in one load and one save of the file (:func:`drop_redundant_activations`).
+
+A Relu whose only consumer is a QuantizeLinear with the lowest value of its dtype as zero point
+changes nothing (the QuantizeLinear clamps there already); ONNX Runtime's own quantizer leaves
+such a Relu out too (its QDQ node unit is then DQ -> op -> Q whatever graph rewrites ORT applies
+first, e.g. a 3-D linear's reshapes).
 
 A conv2d followed by relu6 / hardtanh is annotated as one unit (the clip folded into the
 output's range, :mod:`._annotator`), so the exported graph reads
@@ -16,7 +22,7 @@ import collections
 from pathlib import Path
 from typing import Any
 
-__all__ = ["drop_clips_before_quantize", "redundant_clip"]
+__all__ = ["drop_redundant_activations", "redundant_clip"]
 
 #: zero point dtype (onnx.TensorProto enum) -> (qmin, qmax) of QuantizeLinear's output
 _RANGES = {
@@ -68,10 +74,12 @@ def _clip_bounds(node: Any, constants: dict[str, Any]) -> tuple[bool, float | No
     return True, bounds[0], bounds[1]
 
 
-def drop_clips_before_quantize(path: str | Path) -> int:
-    """Remove from the ONNX model at ``path`` each Clip whose only consumer is a per-tensor
-    QuantizeLinear that makes it redundant (:func:`redundant_clip`), and the Clip bounds no
-    node reads any more; the file is rewritten only when a Clip was removed. Returns how many."""
+def drop_redundant_activations(path: str | Path) -> int:
+    """Remove from the ONNX model at ``path`` each Relu whose only consumer is a QuantizeLinear
+    with the lowest value of its (u)int8 dtype as zero point, then each Clip whose only consumer
+    is a per-tensor QuantizeLinear that makes it redundant (:func:`redundant_clip`), and the Clip
+    bounds no node reads any more; the file is rewritten only when a node was removed. Returns
+    how many were removed."""
     import onnx
 
     model = onnx.load(str(path))
@@ -80,37 +88,73 @@ def drop_clips_before_quantize(path: str | Path) -> int:
     for node in graph.node:
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
             constants[node.output[0]] = node.attribute[0].t
+    outputs = {o.name for o in graph.output}
+    relus = _drop(graph, lambda node, consumers: _redundant_relu(node, consumers, constants, outputs))
+    clips = _drop(graph, lambda node, consumers: _redundant_clip_node(node, consumers, constants, outputs))
+    bounds = {name for node in clips for name in node.input[1:] if name}
+    still_read = {name for node in graph.node for name in node.input}
+    for initializer in [t for t in graph.initializer if t.name in bounds and t.name not in still_read]:
+        graph.initializer.remove(initializer)
+    if relus or clips:
+        onnx.save(model, str(path))
+    return len(relus) + len(clips)
+
+
+def _drop(graph: Any, redundant: Any) -> list[Any]:
+    """Remove the nodes ``redundant(node, consumers)`` accepts, each QuantizeLinear that read one
+    reading its input instead; returns them."""
     consumers: dict[str, list[Any]] = collections.defaultdict(list)
     for node in graph.node:
         for name in node.input:
             consumers[name].append(node)
-    outputs = {o.name for o in graph.output}
     dropped = []
     for node in graph.node:
-        if node.op_type != "Clip" or node.domain not in ("", "ai.onnx") or node.output[0] in outputs:
-            continue
-        users = consumers[node.output[0]]
-        if len(users) != 1 or users[0].op_type != "QuantizeLinear":
-            continue
-        quantize = users[0]
-        scale = _constant(quantize.input[1], constants)
-        has_zero_point = len(quantize.input) > 2 and bool(quantize.input[2])
-        zero_point = _constant(quantize.input[2], constants) if has_zero_point else None
-        if scale is None or scale.size != 1 or (has_zero_point and (zero_point is None or zero_point.size != 1)):
-            continue
-        dtype = constants[quantize.input[2]].data_type if has_zero_point else _UINT8
-        known, lo, hi = _clip_bounds(node, constants)
-        z = 0 if zero_point is None else int(zero_point.item())
-        if known and redundant_clip(lo, hi, float(scale.item()), z, dtype):
-            quantize.input[0] = node.input[0]
+        if redundant(node, consumers):
+            consumers[node.output[0]][0].input[0] = node.input[0]
             dropped.append(node)
-    if not dropped:
-        return 0
-    bounds = {name for node in dropped for name in node.input[1:] if name}
     for node in dropped:
         graph.node.remove(node)
-    still_read = {name for node in graph.node for name in node.input}
-    for initializer in [t for t in graph.initializer if t.name in bounds and t.name not in still_read]:
-        graph.initializer.remove(initializer)
-    onnx.save(model, str(path))
-    return len(dropped)
+    return dropped
+
+
+def _only_quantize(node: Any, consumers: dict[str, list[Any]], outputs: set[str]) -> Any:
+    """The QuantizeLinear that alone reads ``node``'s output (not a graph output), or None."""
+    if node.output[0] in outputs:
+        return None
+    users = consumers[node.output[0]]
+    return users[0] if len(users) == 1 and users[0].op_type == "QuantizeLinear" else None
+
+
+def _redundant_relu(node: Any, consumers: dict[str, list[Any]], constants: dict[str, Any], outputs: set[str]) -> bool:
+    import onnx
+
+    if node.op_type != "Relu":
+        return False
+    quantize = _only_quantize(node, consumers, outputs)
+    if quantize is None or len(quantize.input) < 3:
+        return False
+    zero_point = constants.get(quantize.input[2])
+    lowest = {onnx.TensorProto.UINT8: 0, onnx.TensorProto.INT8: -128}
+    if zero_point is None or zero_point.data_type not in lowest:
+        return False
+    value = _constant(quantize.input[2], constants)
+    return bool(value.size == 1 and int(value.item()) == lowest[zero_point.data_type])
+
+
+def _redundant_clip_node(
+    node: Any, consumers: dict[str, list[Any]], constants: dict[str, Any], outputs: set[str]
+) -> bool:
+    if node.op_type != "Clip" or node.domain not in ("", "ai.onnx"):
+        return False
+    quantize = _only_quantize(node, consumers, outputs)
+    if quantize is None:
+        return False
+    scale = _constant(quantize.input[1], constants)
+    has_zero_point = len(quantize.input) > 2 and bool(quantize.input[2])
+    zero_point = _constant(quantize.input[2], constants) if has_zero_point else None
+    if scale is None or scale.size != 1 or (has_zero_point and (zero_point is None or zero_point.size != 1)):
+        return False
+    dtype = constants[quantize.input[2]].data_type if has_zero_point else _UINT8
+    known, lo, hi = _clip_bounds(node, constants)
+    z = 0 if zero_point is None else int(zero_point.item())
+    return known and redundant_clip(lo, hi, float(scale.item()), z, dtype)
