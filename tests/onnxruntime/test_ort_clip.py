@@ -134,14 +134,15 @@ class _MiniMobileNet(torch.nn.Module):
 
 @pytest.fixture(scope="module")
 def mobilenet(tmp_path_factory):
-    """Ours with MinMax activations (ORT's calibration) and ORT's quantize_static on the same
-    float model and batches."""
+    """Ours with the default observer (MinMax, ORT's calibration) and ORT's quantize_static on
+    the same float model and batches."""
     tmp = tmp_path_factory.mktemp("mobilenet")
     torch.manual_seed(0)
     model = _MiniMobileNet().eval()
     batches = [torch.randn(2, 3, 32, 32) for _ in range(2)]
     x = torch.randn(2, 3, 32, 32)
-    quantizer = ORTQuantizer(reduce_range=REDUCE_RANGE, observer="minmax")
+    quantizer = ORTQuantizer(reduce_range=REDUCE_RANGE)
+    assert quantizer.observer == "minmax"
     converted, path = quantize(model, batches, x, quantizer, tmp / "m.onnx")
     _, theirs = ort_quantize_static(model, batches, x, tmp, pre_process=True)
     return converted, path, x, theirs
@@ -182,10 +183,9 @@ def _units(path):
     return units
 
 
-def test_with_minmax_every_conv_and_the_linear_get_quantize_statics_qparams_and_weights(mobilenet):
-    """The recipe is ORT's: the same int8 weights and weight scales, and the same activation
-    scales and zero points on every conv / gemm (a difference in SQNR against ORT's model then
-    comes from the activation observer, histogram by default)."""
+def test_by_default_every_conv_and_the_linear_get_quantize_statics_qparams_and_weights(mobilenet):
+    """The recipe is ORT's: the same int8 weights and weight scales, and, with the default
+    MinMax observer, the same activation scales and zero points on every conv / gemm."""
     _, ours, _, theirs = mobilenet
     mine, ort_units = _units(ours), _units(theirs)
     assert len(mine) == len(ort_units) == 5

@@ -11,9 +11,9 @@ import torch.nn.functional as F
 import quantweave as qw
 from quantweave.registry import PluginManager
 from quantweave.testing.conformance import assert_conforms, capability_cases, check_capability
-from quantweave_onnxruntime import ORTQuantizer, declared_capabilities
+from quantweave_onnxruntime import ORTConfig, ORTQuantizer, declared_capabilities
 from quantweave_onnxruntime import plugin as ort_plugin
-from quantweave_onnxruntime.testing import CNN
+from quantweave_onnxruntime.testing import CNN, MLP
 
 KEY = qw.ANNOTATION_KEY
 (INFO,) = ort_plugin.quantweave_quantizers()
@@ -396,11 +396,25 @@ def test_an_unknown_module_name_warns_naming_it():
         annotate(CNN(), torch.randn(1, 3, 16, 16), quantizer=ORTQuantizer().set_module_name("nowhere", None))
 
 
-def test_the_symmetric_default_observer_is_minmax_and_histogram_stays_available():
+def test_the_default_observer_is_minmax_and_histogram_stays_available():
+    """MinMax is quantize_static's default calibration (CalibrationMethod.MinMax), for every
+    activation dtype; the histogram observer is an option."""
     assert ORTQuantizer(activation_dtype="int8", symmetric_activations=True).observer == "minmax"
-    assert ORTQuantizer().observer == "histogram"
+    assert ORTQuantizer().observer == "minmax"
+    assert ORTConfig().observer == "minmax" and ORTConfig() == ORTConfig(observer="minmax")
     explicit = ORTQuantizer(activation_dtype="int8", symmetric_activations=True, observer="histogram")
     assert explicit.observer == "histogram"
+    assert ORTQuantizer(observer="histogram").observer == "histogram"
+
+
+@pytest.mark.parametrize(("observer", "expected"), [(None, "MinMaxObserver"), ("histogram", "HistogramObserver")])
+def test_the_prepared_model_observes_activations_with_the_chosen_observer(observer, expected):
+    model, x = MLP().eval(), torch.randn(4, 64)
+    prepared = qw.prepare_pt2e(torch.export.export(model, (x,)).module(), ORTQuantizer(observer=observer))
+    kinds = {type(m).__name__ for name, m in prepared.named_modules() if "activation_post_process" in name}
+    # activations by the chosen observer, weights per channel
+    assert expected in kinds and "PerChannelMinMaxObserver" in kinds, kinds
+    assert not ({"MinMaxObserver", "HistogramObserver"} - {expected}) & kinds, kinds
 
 
 class _ConvReluAndMore(torch.nn.Module):

@@ -39,10 +39,11 @@ class ORTConfig:
 
     ``activation_dtype``: ``"uint8"`` (affine [0, 255], ORT's ``QuantType.QUInt8``) or ``"int8"``
     (affine [-128, 127], ``QInt8``); ``symmetric_activations``: int8 [-127, 127] with zero point 0
-    (``ActivationSymmetric``; needs ``activation_dtype="int8"``); ``observer``: ``"histogram"`` or
-    ``"minmax"`` for the activations, None (default) for the one that fits: MinMax with
-    symmetric activations (what ORT calibrates with; torch's HistogramObserver searches an affine
-    range and loses about 1 dB once it is made symmetric), histogram otherwise; ``per_channel``:
+    (``ActivationSymmetric``; needs ``activation_dtype="int8"``); ``observer``: ``"minmax"``
+    (None, the default, resolves to it: ``quantize_static``'s default ``CalibrationMethod.MinMax``,
+    so that ours calibrates the qparams ORT's own quantizer gives) or ``"histogram"`` (torch's
+    HistogramObserver, which searches the range that minimizes the quantization error; better or
+    worse than MinMax depending on the model); ``per_channel``:
     int8 weights per output channel (default) or per tensor; ``reduce_range``: 7-bit weights,
     [-64, 64] (CPUs without VNNI); ``int32_bias``: the bias of a conv, a transposed conv and a
     linear on 2-D input (ONNX Conv / ConvTranspose / Gemm) as int32 with scale input scale x
@@ -74,7 +75,7 @@ class ORTConfig:
                 f"ActivationSymmetric); got activation_dtype={self.activation_dtype!r}"
             )
         if self.observer is None:
-            object.__setattr__(self, "observer", "minmax" if self.symmetric_activations else "histogram")
+            object.__setattr__(self, "observer", "minmax")
 
 
 def _bias_qparams(observers: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,10 +25,9 @@ Activations: uint8 [0, 255] affine (ORT's ``QuantType.QUInt8``) or, with
 ``activation_dtype="int8"``, int8 [-128, 127] affine (``QuantType.QInt8`` with ORT's default
 ``ActivationSymmetric=False``: ORT drops a relu / clip before a QuantizeLinear only when the
 zero point is the lowest value; ``symmetric_activations=True``: int8 [-127, 127], zero point 0,
-as ``ActivationSymmetric=True``, with no activation folded into an output range); HistogramObserver (``observer=
-"minmax"``: MinMaxObserver, what ORT calibrates with by default; the default with symmetric
-activations, where torch's HistogramObserver, which searches an affine range, loses about
-1 dB). Weights: int8 [-127, 127]
+as ``ActivationSymmetric=True``, with no activation folded into an output range); calibrated by
+MinMaxObserver, what ORT's ``quantize_static`` calibrates with by default (``observer=
+"histogram"``: torch's HistogramObserver). Weights: int8 [-127, 127]
 symmetric (ORT's restricted symmetric range), per channel unless ``per_channel=False``;
 ``reduce_range=True``: in [-64, 64] (ORT's ``reduce_range``, for
 CPUs without VNNI, whose u8 x s8 kernels saturate with full-range weights).
@@ -80,8 +79,8 @@ class ORTQuantizer(qw.Quantizer):
 
     ``activation_dtype``: ``"uint8"`` (default: affine [0, 255]) or ``"int8"`` (affine
     [-128, 127]); ``per_channel``: int8 weights per output channel (default) or per tensor;
-    ``observer``: ``"histogram"`` or ``"minmax"`` for the activations (default: histogram, MinMax
-    with ``symmetric_activations``); ``reduce_range``: 7-bit weights, [-64, 64] (CPUs without
+    ``observer``: ``"minmax"`` (default, ORT's calibration) or ``"histogram"`` for the activations;
+    ``reduce_range``: 7-bit weights, [-64, 64] (CPUs without
     VNNI); ``int32_bias``: int32 conv / gemm biases, as ``quantize_static`` writes them (default).
     ``is_dynamic`` / ``is_qat``: the mode, for every config.
 
