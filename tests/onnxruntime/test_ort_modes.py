@@ -34,19 +34,43 @@ def _ort_quantize_dynamic(model, x, tmp_path):
     return ort_quantize_dynamic(model, x, tmp_path)[1]
 
 
-def test_dynamic_block_runs_every_product_as_an_integer_kernel_like_quantize_dynamic(tmp_path):
+@pytest.fixture(scope="module")
+def dynamic_block(tmp_path_factory):
+    """The block, ORT's quantize_dynamic model of it and its optimized graph's op counts."""
+    tmp = tmp_path_factory.mktemp("dynamic_block")
     model, batches, x = _block()
-    converted, path = _quantize(
-        model, batches, x, ORTQuantizer(is_dynamic=True, reduce_range=REDUCE_RANGE), tmp_path / "d.onnx"
-    )
+    theirs = _ort_quantize_dynamic(model, x, tmp)
+    return model, batches, x, theirs, int8_kernels(theirs), tmp
+
+
+def test_dynamic_block_runs_every_product_as_an_integer_kernel_with_matmul_const_b_only_false(dynamic_block):
+    model, batches, x, theirs, their_ops, tmp = dynamic_block
+    quantizer = ORTQuantizer(is_dynamic=True, reduce_range=REDUCE_RANGE, matmul_const_b_only=False)
+    converted, path = _quantize(model, batches, x, quantizer, tmp / "d_all.onnx")
     ops = int8_kernels(path)
     assert products(ops) == (8, 0), ops  # 6 linears, 2 attention matmuls
     assert ops.get("DynamicQuantizeMatMul", 0) >= 1
     (got,) = _run(path, x)
     assert _sqnr(converted(x).detach().numpy(), got) > 40  # ORT computes what the converted model computes
-    theirs = _ort_quantize_dynamic(model, x, tmp_path)
     # ORT's own quantize_dynamic leaves the two attention matmuls (activation x activation) float
-    assert products(int8_kernels(theirs)) == (6, 2)
+    assert products(their_ops) == (6, 2)
+    reference = model(x).detach().numpy()
+    assert _sqnr(reference, got) >= _sqnr(reference, _run(theirs, x)[0]) - 0.3
+
+
+def test_dynamic_block_by_default_is_what_ort_runs_for_quantize_dynamics_model(dynamic_block):
+    """Default (matmul_const_b_only, as quantize_dynamic): ORT's optimized graph of ours has the
+    op counts of ORT's optimized graph of its own model (the attention matmuls float, their
+    scale folded into a FusedMatMul), and the same SQNR within 0.3 dB."""
+    model, batches, x, theirs, their_ops, tmp = dynamic_block
+    converted, path = _quantize(
+        model, batches, x, ORTQuantizer(is_dynamic=True, reduce_range=REDUCE_RANGE), tmp / "d.onnx"
+    )
+    ops = int8_kernels(path)
+    assert ops == their_ops
+    assert products(ops) == (6, 2), ops
+    (got,) = _run(path, x)
+    assert _sqnr(converted(x).detach().numpy(), got) > 40
     reference = model(x).detach().numpy()
     assert _sqnr(reference, got) >= _sqnr(reference, _run(theirs, x)[0]) - 0.3
 
@@ -188,7 +212,8 @@ def test_bert_from_a_config_every_linear_and_attention_matmul_int8(tmp_path, dyn
     torch.manual_seed(0)
     model, ids = bert().eval(), torch.randint(0, 100, (2, 16))
     batches = [torch.randint(0, 100, (2, 16)) for _ in range(4)]
-    quantizer = ORTQuantizer(is_dynamic=dynamic, reduce_range=REDUCE_RANGE)
+    # dynamic: the attention matmuls too (quantize_dynamic leaves them float, as ours by default)
+    quantizer = ORTQuantizer(is_dynamic=dynamic, reduce_range=REDUCE_RANGE, matmul_const_b_only=False)
     converted, path = _quantize(model, batches, ids, quantizer, tmp_path / "bert.onnx")
     assert products(int8_kernels(path)) == (16, 0)  # 2 x (4 projections + 2 MLP linears + 2 attention matmuls)
     (got,) = _run(path, ids)

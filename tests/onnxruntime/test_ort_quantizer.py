@@ -236,16 +236,30 @@ def test_a_conv_with_string_padding_is_quantized_like_any_conv():
     assert len(conv.meta[KEY].input_qspec_map) == 3 and relu.meta[KEY].output_qspec is not None
 
 
+class _Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q, self.k = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.sigmoid(torch.matmul(self.q(x), self.k(x).transpose(-1, -2)))
+
+
+class _TimesWeight(torch.nn.Module):
+    """x @ W with W a parameter, then x @ W.t() (a constant through a transpose)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x):
+        return torch.matmul(torch.matmul(x, self.w), self.w.t())
+
+
 def test_dynamic_mode_quantizes_linear_and_matmul_inputs_at_run_time_and_leaves_outputs_float():
-    class Attention(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.q, self.k = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
-
-        def forward(self, x):
-            return torch.sigmoid(torch.matmul(self.q(x), self.k(x).transpose(-1, -2)))
-
-    by_op, _ = annotate(Attention(), torch.randn(2, 4, 8), quantizer=ORTQuantizer(is_dynamic=True))
+    quantizer = ORTQuantizer(is_dynamic=True, matmul_const_b_only=False)
+    assert quantizer.matmul_const_b_only is False
+    by_op, _ = annotate(_Attention(), torch.randn(2, 4, 8), quantizer=quantizer)
     assert set(by_op) == {aten.linear.default, aten.matmul.default}  # sigmoid stays float in dynamic mode
     for node in by_op[aten.linear.default] + by_op[aten.matmul.default]:
         annotation = node.meta[KEY]
@@ -254,6 +268,53 @@ def test_dynamic_mode_quantizes_linear_and_matmul_inputs_at_run_time_and_leaves_
         assert act.is_dynamic and act.dtype == torch.uint8
     (linear, _) = by_op[aten.linear.default]
     assert not linear.meta[KEY].input_qspec_map[linear.args[1]].is_dynamic  # the weight: int8, observed once
+
+
+def test_dynamic_mode_leaves_activation_times_activation_matmuls_float_as_quantize_dynamic():
+    """ORT's quantize_dynamic sets MatMulConstBOnly: a matmul whose B is computed stays float;
+    the report names the operand and the option."""
+    quantizer = ORTQuantizer(is_dynamic=True)
+    assert quantizer.matmul_const_b_only is True
+    by_op, gm = annotate(_Attention(), torch.randn(2, 4, 8), quantizer=quantizer)
+    assert set(by_op) == {aten.linear.default}
+    (matmul,) = [n for n in gm.graph.nodes if n.target == aten.matmul.default]
+    assert not qw.is_annotated(matmul)
+    reason = matmul.meta[qw.plugin_api.SKIP_REASON_KEY]
+    assert f"'{matmul.args[1].name}'" in reason and "matmul_const_b_only" in reason
+    # a constant B (a parameter, or its transpose) is quantized as before
+    by_op, _ = annotate(_TimesWeight(), torch.randn(2, 4, 8), quantizer=quantizer)
+    assert len(by_op[aten.matmul.default]) == 2
+    for node in by_op[aten.matmul.default]:
+        assert node.meta[KEY].input_qspec_map[node.args[0]].is_dynamic
+
+
+def test_static_mode_quantizes_activation_matmuls_unless_matmul_const_b_only():
+    assert ORTQuantizer().matmul_const_b_only is False  # quantize_static's default
+    by_op, _ = annotate(_Attention(), torch.randn(2, 4, 8), quantizer=ORTQuantizer())
+    assert len(by_op[aten.matmul.default]) == 1
+    by_op, gm = annotate(_Attention(), torch.randn(2, 4, 8), quantizer=ORTQuantizer(matmul_const_b_only=True))
+    assert aten.matmul.default not in by_op and len(by_op[aten.linear.default]) == 2
+    (matmul,) = [n for n in gm.graph.nodes if n.target == aten.matmul.default]
+    assert "matmul_const_b_only" in matmul.meta[qw.plugin_api.SKIP_REASON_KEY]
+    with pytest.raises(TypeError, match="matmul_const_b_only"):
+        ORTQuantizer(matmul_const_b_only="yes")
+    assert "matmul_const_b_only=True" in repr(ORTQuantizer(matmul_const_b_only=True))
+
+
+@pytest.mark.parametrize("matmul_const_b_only", [None, False, True])
+def test_matmul_const_b_only_is_declared_and_delivered(matmul_const_b_only):
+    options = {"is_dynamic": True, "matmul_const_b_only": matmul_const_b_only}
+    info = qw.QuantizerInfo(
+        name="onnxruntime",
+        factory=lambda **mode: ORTQuantizer(**options),
+        capabilities=declared_capabilities(**options),
+        mode_options={"dynamic": {"is_dynamic": True}},
+    )
+    patterns = {c.pattern for c in info.capabilities}
+    assert ("matmul" in patterns) is (matmul_const_b_only is False)
+    assert ("matmul_weight" in patterns) is (matmul_const_b_only is not False)
+    for cap in info.capabilities:
+        assert check_capability(info, cap, plugin="onnxruntime", patterns=PATTERNS) == [], cap.pattern
 
 
 def test_dynamic_and_qat_options_are_checked_and_reachable_by_mode():

@@ -68,6 +68,7 @@ class _Annotator:
         self.stages = stages
         self._make_recipe = recipe
         self._covering: dict[Node, ConfigStage] = {}
+        self._constant: dict[Node, bool] = {}
 
     def covering(self, node: Node) -> ConfigStage:
         stage = self._covering.get(node)
@@ -106,6 +107,38 @@ class _Annotator:
             return None
         return activation
 
+    def is_constant(self, arg: Any) -> bool:
+        """Whether ``arg`` is computed from parameters / buffers only (a get_attr, or ops whose
+        every tensor input is constant, e.g. a weight's transpose)."""
+        if not isinstance(arg, Node):
+            return False
+        known = self._constant.get(arg)
+        if known is None:
+            if arg.op == "get_attr":
+                known = True
+            elif arg.op == "call_function":
+                inputs = arg.all_input_nodes
+                known = bool(inputs) and all(self.is_constant(i) for i in inputs)
+            else:
+                known = False
+            self._constant[arg] = known
+        return known
+
+    def matmul_wanted(self, node: Node, recipe: Recipe) -> bool:
+        """False (the matmul stays float, with the reason) when the recipe quantizes only
+        matmuls with a constant second operand (ORT's MatMulConstBOnly) and this one's is computed."""
+        if not recipe.matmul_const_b_only or self.is_constant(node.args[1] if len(node.args) > 1 else None):
+            return True
+        b = node.args[1]
+        where = f"'{b.name}'" if isinstance(b, Node) else "its second operand"
+        set_skip_reason(
+            node,
+            f"matmul: its second operand {where} is not a constant and matmul_const_b_only is on (ORT's "
+            "MatMulConstBOnly, quantize_dynamic's default: activation x activation matmuls stay float; "
+            "matmul_const_b_only=False quantizes them)",
+        )
+        return False
+
     # -- static / QAT ----------------------------------------------------------------------------
 
     def static(self, node: Node, recipe: Recipe) -> None:
@@ -115,7 +148,8 @@ class _Annotator:
         elif target in _BINARY:
             self.two_inputs(node, self.folded(node, _RELU, recipe) or node, recipe)
         elif target in _MATMUL:
-            self.two_inputs(node, node, recipe)
+            if self.matmul_wanted(node, recipe):
+                self.two_inputs(node, node, recipe)
         elif target in _CAT:
             self.cat(node, recipe)
         elif target in _SHARED:
@@ -232,6 +266,8 @@ class _Annotator:
             mark_annotated(node)
         elif node.target in _MATMUL:
             if len(node.args) < 2 or not all(_is_float32(a) for a in node.args[:2]):
+                return
+            if not self.matmul_wanted(node, recipe):
                 return
             for arg in node.args[:2]:
                 assert isinstance(arg, Node)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from quantweave.plugin_api import FLOAT, Capability, Mode, Quant, TensorQuant
 
 __all__ = [
@@ -122,6 +124,7 @@ def declared_capabilities(
     is_qat: bool = False,
     symmetric_activations: bool = False,
     int32_bias: bool = True,
+    matmul_const_b_only: bool | None = None,
 ) -> tuple[Capability, ...]:
     """What an ``ORTQuantizer`` with these options annotates (conformance-tested).
 
@@ -136,7 +139,9 @@ def declared_capabilities(
     average pooling gets its own. ``is_qat``: the same through fake-quantizers, plus conv2d +
     batch norm (+ relu / clip), whose last op quantizes its output. ``is_dynamic``: linear and
     matmul with uint8 activations chosen at run time (ORT's ``MatMulInteger`` path), float
-    outputs. ``symmetric_activations`` (int8): no activation is folded into an output range (a
+    outputs. ``matmul_const_b_only`` (None: True in the dynamic mode, as ``quantize_dynamic``;
+    False otherwise): the matmul of two activations is not offered (it stays float).
+    ``symmetric_activations`` (int8): no activation is folded into an output range (a
     zero point of 0 does not clamp where relu does, so ORT keeps the relu): the fused patterns
     are not offered, the op before the activation quantizes its own output."""
     act = activation_quant(activation_dtype, symmetric_activations)
@@ -150,17 +155,25 @@ def declared_capabilities(
         mode, patterns = Mode.STATIC, STATIC_PATTERNS
     if symmetric_activations:
         patterns = tuple(p for p in patterns if p not in FUSED_ACTIVATION or p == "conv2d_bn")
+    if is_dynamic if matmul_const_b_only is None else matmul_const_b_only:
+        # only x @ W is quantized; its constant operand as the recipe has always quantized a
+        # matmul's second input: with the activations' spec (so the weight is declared that way)
+        patterns = tuple("matmul_weight" if p == "matmul" else p for p in patterns)
 
     int32 = int32_bias and not is_dynamic and not is_qat
 
+    def output_of(pattern: str) -> Any:
+        if is_dynamic or pattern in SHARED_MULTI:  # split: its consumers quantize each output
+            return FLOAT
+        if pattern in SHARED_OUTPUT + CONTRIBUTED:
+            return Quant.shared(0)
+        return Quant.quantized(act)
+
     def capability(pattern: str) -> Capability:
         weighted = pattern in WEIGHTED + QAT_BN_PATTERNS
-        if is_dynamic or pattern in SHARED_MULTI:  # split: its consumers quantize each output
-            output = FLOAT
-        elif pattern in SHARED_OUTPUT + CONTRIBUTED:
-            output = Quant.shared(0)
-        else:
-            output = Quant.quantized(act)
+        if pattern == "matmul_weight":
+            return Capability(pattern, mode, act, act, quantizer="onnxruntime", output=output_of(pattern))
+        output = output_of(pattern)
         shares_input = pattern in SHARED_OUTPUT + AVERAGING + CONTRIBUTED and pattern != "cat"
         return Capability(
             pattern,

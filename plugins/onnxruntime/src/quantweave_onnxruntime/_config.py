@@ -27,7 +27,7 @@ from quantweave.observers import (
 
 from ._capabilities import BIAS_RANGE, weight_range
 
-__all__ = ["ACTIVATION_DTYPES", "OBSERVERS", "ORTConfig", "Recipe"]
+__all__ = ["ACTIVATION_DTYPES", "OBSERVERS", "ORTConfig", "Recipe", "resolve_matmul_const_b_only"]
 
 ACTIVATION_DTYPES = ("uint8", "int8")
 OBSERVERS = ("histogram", "minmax")
@@ -48,7 +48,11 @@ class ORTConfig:
     [-64, 64] (CPUs without VNNI); ``int32_bias``: the bias of a conv, a transposed conv and a
     linear on 2-D input (ONNX Conv / ConvTranspose / Gemm) as int32 with scale input scale x
     weight scale and zero point 0, as ``quantize_static`` writes it (its ``QuantizeBias``
-    option); in the static mode only."""
+    option); in the static mode only. ``matmul_const_b_only``: quantize a matmul only when its
+    second operand is a constant (a weight), as ORT's ``MatMulConstBOnly`` extra option; None
+    (default) takes ORT's default for the mode: True in the dynamic mode (``quantize_dynamic``
+    sets it: the activation x activation matmuls of attention stay float), False otherwise
+    (``quantize_static`` quantizes them, ``QLinearMatMul``)."""
 
     activation_dtype: str = "uint8"
     per_channel: bool = True
@@ -56,6 +60,7 @@ class ORTConfig:
     reduce_range: bool = False
     symmetric_activations: bool = False
     int32_bias: bool = True
+    matmul_const_b_only: bool | None = None
 
     def __post_init__(self) -> None:
         if self.activation_dtype not in ACTIVATION_DTYPES:
@@ -67,6 +72,10 @@ class ORTConfig:
             value = getattr(self, option)
             if not isinstance(value, bool):
                 raise TypeError(f"ORTQuantizer: {option} must be a bool; got {value!r}")
+        if self.matmul_const_b_only is not None and not isinstance(self.matmul_const_b_only, bool):
+            raise TypeError(
+                f"ORTQuantizer: matmul_const_b_only must be a bool or None; got {self.matmul_const_b_only!r}"
+            )
         if self.observer is not None and self.observer not in OBSERVERS:
             raise ValueError(f"ORTQuantizer: observer must be one of {', '.join(OBSERVERS)}; got {self.observer!r}")
         if self.symmetric_activations and self.activation_dtype != "int8":
@@ -76,6 +85,12 @@ class ORTConfig:
             )
         if self.observer is None:
             object.__setattr__(self, "observer", "minmax")
+
+
+def resolve_matmul_const_b_only(value: bool | None, is_dynamic: bool) -> bool:
+    """ORT's default for ``MatMulConstBOnly`` where ``value`` is None: True for ``quantize_dynamic``,
+    False for ``quantize_static``."""
+    return is_dynamic if value is None else value
 
 
 def _bias_qparams(observers: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,6 +125,8 @@ class Recipe:
         self.weights = {axis: self._weight_spec(axis) for axis in (0, 1)}
         #: int32 bias: post-training static only (QAT folds batch norms into the bias; dynamic has none in ONNX)
         self.int32_bias = config.int32_bias and not is_qat and not is_dynamic
+        #: a matmul is quantized only when its second operand is a constant (ORT's MatMulConstBOnly)
+        self.matmul_const_b_only = resolve_matmul_const_b_only(config.matmul_const_b_only, is_dynamic)
 
     @property
     def fold_activations(self) -> bool:

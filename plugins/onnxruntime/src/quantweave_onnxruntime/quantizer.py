@@ -42,7 +42,9 @@ Modes: post-training static (default); ``is_qat=True``: the same recipe through
 fake-quantizers for ``prepare_qat_pt2e``, plus conv2d + batch norm (+ relu / clip), the batch
 norm folded by ``convert_pt2e``; ``is_dynamic=True``: ORT's ``quantize_dynamic`` recipe for
 transformers, linear and matmul with uint8 activations whose qparams are chosen at run time
-(``DynamicQuantizeLinear`` -> ``MatMulInteger``) and float outputs.
+(``DynamicQuantizeLinear`` -> ``MatMulInteger``) and float outputs; as ``quantize_dynamic``
+(its ``MatMulConstBOnly`` default), a matmul whose second operand is computed (attention's
+activation x activation matmuls) stays float unless ``matmul_const_b_only=False``.
 
 Configs (:class:`ORTConfig`: the options above but the mode) by module name, module type and
 operator type, resolved like every quantweave quantizer's (``quantweave.authoring.ConfigStages``:
@@ -81,7 +83,10 @@ class ORTQuantizer(qw.Quantizer):
     [-128, 127]); ``per_channel``: int8 weights per output channel (default) or per tensor;
     ``observer``: ``"minmax"`` (default, ORT's calibration) or ``"histogram"`` for the activations;
     ``reduce_range``: 7-bit weights, [-64, 64] (CPUs without
-    VNNI); ``int32_bias``: int32 conv / gemm biases, as ``quantize_static`` writes them (default).
+    VNNI); ``int32_bias``: int32 conv / gemm biases, as ``quantize_static`` writes them (default);
+    ``matmul_const_b_only``: quantize only matmuls whose second operand is a constant (ORT's
+    ``MatMulConstBOnly``; None, the default: True in the dynamic mode, as ``quantize_dynamic``,
+    False otherwise, as ``quantize_static``).
     ``is_dynamic`` / ``is_qat``: the mode, for every config.
 
     Per-module configs, as the other plugins' quantizers take them (module name > module type >
@@ -103,6 +108,7 @@ class ORTQuantizer(qw.Quantizer):
         is_qat: bool = False,
         symmetric_activations: bool = False,
         int32_bias: bool = True,
+        matmul_const_b_only: bool | None = None,
     ) -> None:
         for option, value in (("is_dynamic", is_dynamic), ("is_qat", is_qat)):
             if not isinstance(value, bool):
@@ -113,7 +119,15 @@ class ORTQuantizer(qw.Quantizer):
             )
         self.is_dynamic = is_dynamic
         self.is_qat = is_qat
-        config = ORTConfig(activation_dtype, per_channel, observer, reduce_range, symmetric_activations, int32_bias)
+        config = ORTConfig(
+            activation_dtype,
+            per_channel,
+            observer,
+            reduce_range,
+            symmetric_activations,
+            int32_bias,
+            matmul_const_b_only,
+        )
         self._check_mode("ORTQuantizer", config)
         self.global_config: ORTConfig | None = config
         self.module_name_config: dict[str, ORTConfig | None] = {}
@@ -128,6 +142,7 @@ class ORTQuantizer(qw.Quantizer):
         self.reduce_range = config.reduce_range
         self.symmetric_activations = config.symmetric_activations
         self.int32_bias = config.int32_bias
+        self.matmul_const_b_only = recipe.matmul_const_b_only
         self.act = recipe.act
         self._weights = recipe.weights
 
@@ -209,6 +224,7 @@ class ORTQuantizer(qw.Quantizer):
             is_qat=self.is_qat,
             symmetric_activations=config.symmetric_activations,
             int32_bias=config.int32_bias,
+            matmul_const_b_only=config.matmul_const_b_only,
         )
 
     def __repr__(self) -> str:
@@ -221,6 +237,8 @@ class ORTQuantizer(qw.Quantizer):
                 f"observer={config.observer!r}, reduce_range={config.reduce_range}, "
                 f"symmetric_activations={config.symmetric_activations}, int32_bias={config.int32_bias}"
             )
+            if config.matmul_const_b_only is not None:
+                text += f", matmul_const_b_only={config.matmul_const_b_only}"
         text += f", is_dynamic={self.is_dynamic}, is_qat={self.is_qat}"
         for label, held in (
             ("module_name", self.module_name_config),
