@@ -57,6 +57,7 @@ def to_onnx(
     fold_relu: bool = True,
     verbose: bool = False,
     optimizer: Literal["fold", "full"] = "fold",
+    keep_metadata: bool = False,
 ) -> Path:
     """Write ``converted`` (the result of ``quantweave.convert_pt2e``) to ``path`` as ONNX.
 
@@ -80,6 +81,8 @@ def to_onnx(
     per process and reused, and so are its decomposition tables (a contained shim over torch
     2.13's exporter, ``_torch_onnx_compat``; with ``dynamic_shapes``, or on a torch whose
     exporter differs, the public ``torch.onnx.export`` is called as is).
+    ``keep_metadata``: keep the exporter's per-node debug metadata (stack traces, FX nodes,
+    module paths; ORT reads none of it), dropped by default (``_onnx_cleanup.drop_export_metadata``).
     ``converted`` is not modified. Returns the path."""
     if not isinstance(example_inputs, tuple):
         raise TypeError(f"to_onnx: example_inputs must be a tuple of inputs; got {type(example_inputs).__name__}")
@@ -113,6 +116,8 @@ def to_onnx(
     if program is None:  # pragma: no cover - dynamo export always returns its program
         raise RuntimeError("to_onnx: torch.onnx.export returned no program")
     _optimizer.optimize(program, optimizer)
+    if not keep_metadata:
+        _onnx_cleanup.drop_export_metadata(program.model)
     program.save(str(target))
     if fold_relu:
         _onnx_cleanup.drop_redundant_activations(target)

@@ -22,7 +22,11 @@ import collections
 from pathlib import Path
 from typing import Any
 
-__all__ = ["drop_redundant_activations", "redundant_clip"]
+__all__ = ["drop_export_metadata", "drop_redundant_activations", "redundant_clip"]
+
+#: prefix of the keys torch.onnx's exporter writes into a graph's metadata_props (the exported
+#: program's graph signature and range constraints)
+_TORCH_KEYS = "pkg.torch."
 
 #: zero point dtype (onnx.TensorProto enum) -> (qmin, qmax) of QuantizeLinear's output
 _RANGES = {
@@ -158,3 +162,22 @@ def _redundant_clip_node(
     known, lo, hi = _clip_bounds(node, constants)
     z = 0 if zero_point is None else int(zero_point.item())
     return known and redundant_clip(lo, hi, float(scale.item()), z, dtype)
+
+
+def drop_export_metadata(model: Any) -> int:
+    """Clear the debug metadata torch.onnx's exporter attaches to an ``onnx_ir`` model before it
+    is saved: every node's ``metadata_props`` (``namespace`` and ``pkg.torch.onnx.*``: the FX
+    node, its stack trace, module path and class hierarchy) in the main graph, its subgraphs and
+    the model's functions, and the graph's ``pkg.torch.*`` entries (the exported program's graph
+    signature). ONNX Runtime reads none of them: nodes, initializers, names, shapes and opsets
+    are untouched. Returns how many entries were removed."""
+    removed = 0
+    graphs = [model.graph, *model.functions.values()]
+    for graph in graphs:
+        for node in graph.all_nodes():
+            removed += len(node.metadata_props)
+            node.metadata_props.clear()
+    for key in [k for k in model.graph.metadata_props if k.startswith(_TORCH_KEYS)]:
+        del model.graph.metadata_props[key]
+        removed += 1
+    return removed
