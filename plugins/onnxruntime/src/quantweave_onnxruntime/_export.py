@@ -116,8 +116,7 @@ def to_onnx(
     if program is None:  # pragma: no cover - dynamo export always returns its program
         raise RuntimeError("to_onnx: torch.onnx.export returned no program")
     _optimizer.optimize(program, optimizer)
-    if not keep_metadata:
-        _onnx_cleanup.drop_export_metadata(program.model)
+    _onnx_cleanup.before_save(program.model, keep_metadata=keep_metadata)
     program.save(str(target))
     if fold_relu:
         _onnx_cleanup.drop_redundant_activations(target)
