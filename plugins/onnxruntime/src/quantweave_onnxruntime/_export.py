@@ -82,7 +82,9 @@ def to_onnx(
     2.13's exporter, ``_torch_onnx_compat``; with ``dynamic_shapes``, or on a torch whose
     exporter differs, the public ``torch.onnx.export`` is called as is).
     ``keep_metadata``: keep the exporter's per-node debug metadata (stack traces, FX nodes,
-    module paths; ORT reads none of it), dropped by default (``_onnx_cleanup.drop_export_metadata``).
+    module paths; ORT reads none of it), dropped by default; a scalar Mul between a
+    DequantizeLinear and a QuantizeLinear gets an exact quantized constant, so ORT runs it as
+    QLinearMul (``_onnx_cleanup.before_save``).
     ``converted`` is not modified. Returns the path."""
     if not isinstance(example_inputs, tuple):
         raise TypeError(f"to_onnx: example_inputs must be a tuple of inputs; got {type(example_inputs).__name__}")

@@ -216,6 +216,9 @@ def quantize_constant_muls(model: Any) -> int:
         users = list(result.uses())
         if result in outputs or len(users) != 1 or users[0].node.op_type != "QuantizeLinear":
             continue
+        out_scale = users[0].node.inputs[1].const_value if len(users[0].node.inputs) > 1 else None
+        if out_scale is None or out_scale.size != 1:  # QLinearMul: per-tensor output
+            continue
         for a, b in ((0, 1), (1, 0)):
             x, c = node.inputs[a], node.inputs[b]
             dequantize = x.producer() if x is not None else None
