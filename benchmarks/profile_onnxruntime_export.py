@@ -36,6 +36,7 @@ from quantweave_onnxruntime.testing import BENCH_MODELS
 #: (label, module, class or None, attribute) of the steps timed and counted
 STEPS = (
     ("torch.export.export", "torch.export", None, "export"),
+    ("program (no trace)", "quantweave_onnxruntime._program", None, "exported_program"),
     ("decompose_with_registry", "torch.onnx._internal.exporter._fx_passes", None, "decompose_with_registry"),
     ("run_decompositions", "torch.export.exported_program", "ExportedProgram", "run_decompositions"),
     ("_collect_all_valid_cia_ops", "torch.export.exported_program", None, "_collect_all_valid_cia_ops"),
