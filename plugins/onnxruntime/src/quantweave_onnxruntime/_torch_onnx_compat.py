@@ -30,7 +30,16 @@ entry point with one: two private names of torch 2.13's exporter, checked by
   _dispatch_get_registrations_for_dispatch_key``, ``torch._decomp.decomposition_table``) and of
   the op packets materialized in each ``torch.ops`` namespace (the collection walks only those:
   an op first reached from Python between two exports changes it), and a copy handed out, the
-  originals put back when the export returns.
+  originals put back when the export returns;
+- the model handed over as an ExportedProgram (:mod:`._program` builds it from the converted
+  graph; ``_core.export`` then skips its capture, a second ``torch.export`` of the module), and
+  the exporter's decomposition step, ``torch.onnx._internal.exporter._fx_passes.
+  decompose_with_registry(program, registry)``, replaced for the duration of that export: the
+  program as is when ``ONNXRegistry.is_registered`` holds for every op and none is a
+  CompositeImplicitAutograd op torch would decompose (``torch._C.
+  _dispatch_has_kernel_for_dispatch_key``, the CIA op set above), else those nodes decomposed
+  alone with the exporter's table (``_decomp.get_onnx_implemented_overloads``), else the whole
+  program as the exporter does. Where that export raises, the module is exported as before.
 
 Where they are missing or changed, :func:`export` says so once (a warning) and takes the
 public ``torch.onnx.export``: the same ONNX file, only slower. tests/onnxruntime checks that
