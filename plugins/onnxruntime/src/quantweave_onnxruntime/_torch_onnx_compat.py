@@ -36,8 +36,8 @@ entry point with one: two private names of torch 2.13's exporter, checked by
   the exporter's decomposition step, ``torch.onnx._internal.exporter._fx_passes.
   decompose_with_registry(program, registry)``, replaced for the duration of that export: the
   program as is when ``ONNXRegistry.is_registered`` holds for every op and none is a
-  CompositeImplicitAutograd op torch would decompose (``torch._C.
-  _dispatch_has_kernel_for_dispatch_key``, the CIA op set above), else those nodes decomposed
+  CompositeImplicitAutograd op torch would decompose (``torch._export.utils._is_cia_op`` and not
+  ``_check_valid_to_preserve``, run_decompositions' own tests), else those nodes decomposed
   alone with the exporter's table (``_decomp.get_onnx_implemented_overloads``), else the whole
   program as the exporter does. Where that export raises, the module is exported as before.
 
@@ -84,11 +84,7 @@ def fast_path_missing() -> str | None:
     for name in ("from_torchlib", "register_op", "is_registered"):
         if not hasattr(registry_class, name):
             return f"torch.onnx._internal.exporter._registration.ONNXRegistry.{name} is missing"
-    for name in (
-        "_dispatch_get_all_op_names",
-        "_dispatch_get_registrations_for_dispatch_key",
-        "_dispatch_has_kernel_for_dispatch_key",
-    ):
+    for name in ("_dispatch_get_all_op_names", "_dispatch_get_registrations_for_dispatch_key"):
         if not callable(getattr(torch._C, name, None)):
             return f"torch._C.{name} is missing"
     if not isinstance(getattr(torch.ops, "_dir", None), list) or not isinstance(
@@ -99,10 +95,13 @@ def fast_path_missing() -> str | None:
 
     if not isinstance(getattr(torch_decompositions, "decomposition_table", None), dict):
         return "torch._decomp.decomposition_table is missing"
+    from torch._export import utils as export_utils
     from torch.export import exported_program
     from torch.onnx._internal.exporter import _decomp, _fx_passes
 
     for module, name in (
+        (export_utils, "_is_cia_op"),
+        (export_utils, "_check_valid_to_preserve"),
         (_decomp, "create_onnx_friendly_decomposition_table"),
         (_decomp, "get_onnx_implemented_overloads"),
         (exported_program, "_collect_all_valid_cia_ops"),
@@ -201,7 +200,7 @@ def _decomposition_skipped(program: Any) -> Iterator[None]:
     decomposition is needed: torch's would only re-trace the whole graph), decomposes only the
     nodes of the ops it does not translate where it can (``_program.decompose_nodes``, with the
     exporter's decomposition table), else decomposes it as the exporter does."""
-    from torch.export import exported_program
+    from torch._export import utils as export_utils
     from torch.onnx._internal.exporter import _decomp, _fx_passes
 
     decompose = _fx_passes.decompose_with_registry
@@ -209,16 +208,15 @@ def _decomposition_skipped(program: Any) -> Iterator[None]:
     def decompose_unless_translated(exported: Any, registry: Any) -> Any:
         if exported is not program:
             return decompose(exported, registry)
-        preserved = exported_program._collect_all_valid_cia_ops()
 
         def translated(target: Any) -> bool:
             # what torch's decomposition keeps: an op the registry translates, unless it is a
-            # CompositeImplicitAutograd op torch does not preserve (flatten, reshape, dropout...)
+            # CompositeImplicitAutograd op torch does not preserve (flatten, reshape, dropout...:
+            # aliasing or mutating ones, which run_decompositions always decomposes)
             if target is operator.getitem:
                 return True
             return bool(registry.is_registered(target)) and (
-                target in preserved
-                or not torch._C._dispatch_has_kernel_for_dispatch_key(target.name(), "CompositeImplicitAutograd")
+                not export_utils._is_cia_op(target) or bool(export_utils._check_valid_to_preserve(target))
             )
 
         untranslated = [n for n in exported.graph.nodes if n.op == "call_function" and not translated(n.target)]
