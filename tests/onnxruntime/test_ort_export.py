@@ -178,11 +178,10 @@ def _run(path, x):
     return session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
 
 
-@pytest.mark.parametrize("fixture", ["converted", "converted_cnn"])
 def test_to_onnx_hands_the_converted_graph_over_without_tracing_or_decomposing_it_again(
-    fixture, request, tmp_path, monkeypatch
+    converted_cnn, tmp_path, monkeypatch
 ):
-    gm, x = request.getfixturevalue(fixture)
+    gm, x = converted_cnn
     code, state = gm.code, {k: (v, v.clone()) for k, v in gm.state_dict(keep_vars=True).items()}
     metas = {n.name: dict(n.meta) for n in gm.graph.nodes}
     calls = _counting(monkeypatch)
