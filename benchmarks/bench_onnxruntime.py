@@ -249,10 +249,13 @@ class _PhaseClock:
     """CPU seconds (``time.process_time``: every thread of this process) per phase of
     ``torch.onnx.export``, from timers put around the exporter's steps for the profile only
     (its registry build, the capture of the module with torch.export, decompositions,
-    translation to ONNX, the optimizer, serialization); "capture" is the export's rest."""
+    translation to ONNX, the optimizer, serialization); "capture" is the export's rest. Ours:
+    "program" is ``to_onnx`` building the ExportedProgram from the converted graph (no capture;
+    absent before it), "decompose" then type promotion and the nodes decomposed alone."""
 
     STEPS = (
         ("registry", "torch.onnx._internal.exporter._registration", "ONNXRegistry", "from_torchlib"),
+        ("program", "quantweave_onnxruntime._program", None, "exported_program"),
         ("decompose", "torch.onnx._internal.exporter._core", None, "_prepare_exported_program_for_export"),
         ("translate", "torch.onnx._internal.exporter._core", None, "_exported_program_to_onnx_program"),
         ("optimize", "torch.onnx._internal.exporter._onnx_program", "ONNXProgram", "optimize"),
@@ -270,7 +273,7 @@ class _PhaseClock:
         for label, module_name, owner_name, attribute in self.STEPS:
             try:
                 module = importlib.import_module(module_name)
-            except ImportError:  # to_onnx's optimizer module, before it existed
+            except ImportError:  # to_onnx's optimizer / program modules, before they existed
                 continue
             owner = getattr(module, owner_name) if owner_name else module
             raw = owner.__dict__[attribute] if owner_name else getattr(owner, attribute)

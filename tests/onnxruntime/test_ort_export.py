@@ -7,7 +7,7 @@ import torch
 
 import quantweave as qw
 from quantweave_onnxruntime import ORTQuantizer, to_onnx
-from quantweave_onnxruntime.testing import MLP
+from quantweave_onnxruntime.testing import CNN, MLP
 
 onnx = pytest.importorskip("onnx", reason="needs onnx, onnxscript and onnxruntime (tox -e onnxruntime)")
 pytest.importorskip("onnxscript", reason="needs onnx, onnxscript and onnxruntime (tox -e onnxruntime)")
@@ -15,7 +15,7 @@ from onnx import numpy_helper  # noqa: E402
 from onnxscript.rewriter import RewritePass  # noqa: E402
 from torch.onnx._internal.exporter import _registration  # noqa: E402
 
-from quantweave_onnxruntime import _torch_onnx_compat  # noqa: E402
+from quantweave_onnxruntime import _program, _torch_onnx_compat  # noqa: E402
 
 pytestmark = pytest.mark.onnxruntime
 
@@ -57,6 +57,8 @@ def test_to_onnx_builds_the_registry_and_decomposition_tables_once_is_silent_and
     from torch.onnx._internal.exporter import _decomp
 
     gm, x = converted
+    # the exporter's own capture and decomposition (where _program builds no program of the graph)
+    monkeypatch.setattr(_program, "exported_program", lambda model, args: None)
     builds = []
     original = _registration.ONNXRegistry.__dict__["from_torchlib"].__func__
 
@@ -135,3 +137,100 @@ def test_the_reused_tables_key_sees_an_op_packet_first_reached_between_exports()
         assert before != after
     finally:
         lib._destroy()
+
+
+@pytest.fixture(scope="module")
+def converted_cnn():
+    """A CNN whose adaptive_avg_pool2d has no ONNX translation and whose flatten torch decomposes."""
+    torch.manual_seed(0)
+    model = CNN(channels=4).eval()
+    x = torch.randn(2, 3, 16, 16)
+    prepared = qw.prepare_pt2e(torch.export.export(model, (x,)).module(), ORTQuantizer())
+    qw.calibrate(prepared, [torch.randn(2, 3, 16, 16) for _ in range(2)], progress=False)
+    return qw.convert_pt2e(prepared), x
+
+
+def _counting(monkeypatch):
+    """Counts of torch.export.export and ExportedProgram.run_decompositions calls (the exporter's
+    second trace of the converted module, and its whole-graph decomposition)."""
+    from torch.export import ExportedProgram
+
+    calls = {"export": 0, "run_decompositions": 0}
+    export, decompose = torch.export.export, ExportedProgram.run_decompositions
+
+    def counted_export(*args, **kwargs):
+        calls["export"] += 1
+        return export(*args, **kwargs)
+
+    def counted_decompose(self, *args, **kwargs):
+        calls["run_decompositions"] += 1
+        return decompose(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.export, "export", counted_export)
+    monkeypatch.setattr(ExportedProgram, "run_decompositions", counted_decompose)
+    return calls
+
+
+def _run(path, x):
+    from quantweave_onnxruntime import ort_session
+
+    session = ort_session(path, intra_op_threads=1)
+    return session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+
+
+def test_to_onnx_hands_the_converted_graph_over_without_tracing_or_decomposing_it_again(
+    converted_cnn, tmp_path, monkeypatch
+):
+    gm, x = converted_cnn
+    code, state = gm.code, {k: (v, v.clone()) for k, v in gm.state_dict(keep_vars=True).items()}
+    metas = {n.name: dict(n.meta) for n in gm.graph.nodes}
+    calls = _counting(monkeypatch)
+    fast = to_onnx(gm, (x,), tmp_path / "fast.onnx")
+    # no second torch.export of the converted module, no whole-graph decomposition (the CNN's
+    # adaptive_avg_pool2d and flatten are decomposed alone, as torch's decomposition does them)
+    assert calls == {"export": 0, "run_decompositions": 0}
+    with monkeypatch.context() as m:
+        m.setattr(_program, "exported_program", lambda model, args: None)
+        captured = to_onnx(gm, (x,), tmp_path / "captured.onnx")
+    assert calls == {"export": 1, "run_decompositions": 1}  # the exporter's own path, as before
+    ops, inits = _content(fast)
+    captured_ops, captured_inits = _content(captured)
+    assert ops == captured_ops and "QuantizeLinear" in ops and "Flatten" not in ops
+    assert inits.keys() == captured_inits.keys()
+    assert all(inits[k].dtype == captured_inits[k].dtype and (inits[k] == captured_inits[k]).all() for k in inits)
+    outputs = [[o.name for o in onnx.load(str(path)).graph.output] for path in (fast, captured)]
+    assert outputs[0] == outputs[1]  # named as the exporter's capture names them
+    assert (_run(fast, x) == _run(captured, x)).all()
+    # the caller's module: same code, same tensors (identity and values), node metadata untouched
+    assert gm.code == code
+    assert all(gm.state_dict(keep_vars=True)[k] is v and torch.equal(v, before) for k, (v, before) in state.items())
+    assert {n.name: dict(n.meta) for n in gm.graph.nodes}.keys() == metas.keys()
+    assert all(dict(n.meta).keys() == metas[n.name].keys() for n in gm.graph.nodes)
+
+
+def test_to_onnx_falls_back_to_the_exporters_capture_where_the_program_path_fails(converted_cnn, tmp_path, monkeypatch):
+    gm, x = converted_cnn
+    calls = _counting(monkeypatch)
+    # a graph whose nodes cannot all be decomposed alone: the whole program is decomposed, untraced
+    monkeypatch.setattr(_program, "decompose_nodes", lambda *args: False)
+    decomposed = to_onnx(gm, (x,), tmp_path / "decomposed.onnx")
+    assert calls == {"export": 0, "run_decompositions": 1}
+
+    def broken(model, args):
+        raise RuntimeError("not a graph this torch can take")
+
+    monkeypatch.setattr(_program, "exported_program", broken)
+    captured = to_onnx(gm, (x,), tmp_path / "captured.onnx")
+    assert calls == {"export": 1, "run_decompositions": 2}
+    assert _content(decomposed)[0] == _content(captured)[0]
+    assert (_run(decomposed, x) == _run(captured, x)).all()
+
+
+def test_the_program_builder_names_what_it_does_not_take(converted):
+    gm, x = converted
+    assert _program.unsupported(gm, (x,)) is None
+    assert "Linear" in _program.unsupported(torch.nn.Linear(2, 2), (x,))
+    assert "2 tensors" not in _program.unsupported(gm, (x, x)) and "1 tensors" in _program.unsupported(gm, (x, x))
+    traced = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.ReLU()))
+    assert "'0'" in _program.unsupported(traced, (x,))  # the node calling submodule "0"
+    assert _program.exported_program(traced, (x,)) is None

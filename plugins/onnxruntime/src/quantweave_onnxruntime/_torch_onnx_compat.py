@@ -30,7 +30,16 @@ entry point with one: two private names of torch 2.13's exporter, checked by
   _dispatch_get_registrations_for_dispatch_key``, ``torch._decomp.decomposition_table``) and of
   the op packets materialized in each ``torch.ops`` namespace (the collection walks only those:
   an op first reached from Python between two exports changes it), and a copy handed out, the
-  originals put back when the export returns.
+  originals put back when the export returns;
+- the model handed over as an ExportedProgram (:mod:`._program` builds it from the converted
+  graph; ``_core.export`` then skips its capture, a second ``torch.export`` of the module), and
+  the exporter's decomposition step, ``torch.onnx._internal.exporter._fx_passes.
+  decompose_with_registry(program, registry)``, replaced for the duration of that export: the
+  program as is when ``ONNXRegistry.is_registered`` holds for every op and none is a
+  CompositeImplicitAutograd op torch would decompose (``torch._export.utils._is_cia_op`` and not
+  ``_check_valid_to_preserve``, run_decompositions' own tests), else those nodes decomposed
+  alone with the exporter's table (``_decomp.get_onnx_implemented_overloads``), else the whole
+  program as the exporter does. Where that export raises, the module is exported as before.
 
 Where they are missing or changed, :func:`export` says so once (a warning) and takes the
 public ``torch.onnx.export``: the same ONNX file, only slower. tests/onnxruntime checks that
@@ -44,11 +53,14 @@ import contextlib
 import copy
 import functools
 import inspect
+import operator
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
+
+from . import _program
 
 __all__ = ["export", "fast_path_missing", "registry"]
 
@@ -69,7 +81,7 @@ def fast_path_missing() -> str | None:
         if not isinstance(getattr(module, name, None), int):
             return f"{module.__name__}.{name} is missing"
     registry_class = getattr(_registration, "ONNXRegistry", None)
-    for name in ("from_torchlib", "register_op"):
+    for name in ("from_torchlib", "register_op", "is_registered"):
         if not hasattr(registry_class, name):
             return f"torch.onnx._internal.exporter._registration.ONNXRegistry.{name} is missing"
     for name in ("_dispatch_get_all_op_names", "_dispatch_get_registrations_for_dispatch_key"):
@@ -83,12 +95,17 @@ def fast_path_missing() -> str | None:
 
     if not isinstance(getattr(torch_decompositions, "decomposition_table", None), dict):
         return "torch._decomp.decomposition_table is missing"
+    from torch._export import utils as export_utils
     from torch.export import exported_program
-    from torch.onnx._internal.exporter import _decomp
+    from torch.onnx._internal.exporter import _decomp, _fx_passes
 
     for module, name in (
+        (export_utils, "_is_cia_op"),
+        (export_utils, "_check_valid_to_preserve"),
         (_decomp, "create_onnx_friendly_decomposition_table"),
+        (_decomp, "get_onnx_implemented_overloads"),
         (exported_program, "_collect_all_valid_cia_ops"),
+        (_fx_passes, "decompose_with_registry"),
     ):
         if not callable(getattr(module, name, None)):
             return f"{module.__name__}.{name} is missing"
@@ -176,6 +193,47 @@ def _reused_decomposition_tables() -> Iterator[None]:
         exported_program._collect_all_valid_cia_ops = collect
 
 
+@contextlib.contextmanager
+def _decomposition_skipped(program: Any) -> Iterator[None]:
+    """For the duration of one export of ``program`` (built by :mod:`._program`): the exporter's
+    decomposition step returns it as is when the registry translates every op of its graph (no
+    decomposition is needed: torch's would only re-trace the whole graph), decomposes only the
+    nodes of the ops it does not translate where it can (``_program.decompose_nodes``, with the
+    exporter's decomposition table), else decomposes it as the exporter does."""
+    from torch._export import utils as export_utils
+    from torch.onnx._internal.exporter import _decomp, _fx_passes
+
+    decompose = _fx_passes.decompose_with_registry
+
+    def decompose_unless_translated(exported: Any, registry: Any) -> Any:
+        if exported is not program:
+            return decompose(exported, registry)
+
+        def translated(target: Any) -> bool:
+            # what torch's decomposition keeps: an op the registry translates, unless it is a
+            # CompositeImplicitAutograd op torch does not preserve (flatten, reshape, dropout...:
+            # aliasing or mutating ones, which run_decompositions always decomposes)
+            if target is operator.getitem:
+                return True
+            return bool(registry.is_registered(target)) and (
+                not export_utils._is_cia_op(target) or bool(export_utils._check_valid_to_preserve(target))
+            )
+
+        untranslated = [n for n in exported.graph.nodes if n.op == "call_function" and not translated(n.target)]
+        if not untranslated:
+            return exported
+        table = _decomp.create_onnx_friendly_decomposition_table(set(_decomp.get_onnx_implemented_overloads(registry)))
+        if _program.decompose_nodes(exported, untranslated, table, translated):
+            return exported
+        return decompose(exported, registry)
+
+    _fx_passes.decompose_with_registry = decompose_unless_translated  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        _fx_passes.decompose_with_registry = decompose
+
+
 def _with_translations(base: Any, table: Mapping[Callable[..., Any], Callable[..., Any]]) -> Any:
     extended = copy.copy(base)
     extended.functions = {target: list(decomps) for target, decomps in base.functions.items()}
@@ -193,10 +251,15 @@ def export(
     custom_translation_table: Mapping[Callable[..., Any], Callable[..., Any]] | None = None,
     verbose: bool = False,
     optimize: bool = True,
+    program_first: bool = True,
 ) -> Any:
     """``torch.onnx.export(model, args, dynamo=True, ...)``'s ONNXProgram, with the registry
     of :func:`registry`. ``verbose=False``: the exporter prints no progress lines;
-    ``optimize``: ``torch.onnx.export``'s argument (False: the caller optimizes)."""
+    ``optimize``: ``torch.onnx.export``'s argument (False: the caller optimizes).
+    ``program_first``: hand the exporter ``model``'s graph as an ExportedProgram
+    (:mod:`._program`) instead of letting it trace ``model`` again, and skip its decomposition
+    where the registry translates every op; where the graph is not one :mod:`._program` builds,
+    or that export raises, the exporter captures ``model`` itself (False: always)."""
     missing = fast_path_missing()
     # dynamic shapes (whose dimension names torch.onnx.export maps onto the ONNX inputs) and a
     # trailing dict of keyword inputs take the public path: only what it does unchanged is sped up
@@ -225,6 +288,22 @@ def export(
     if custom_translation_table:
         used = _with_translations(used, custom_translation_table)
     with _reused_decomposition_tables():
+        if program_first:
+            # the converted graph handed over as the program the exporter would capture (no second
+            # trace) and, where every op has a translation, not decomposed (no third)
+            try:
+                program = _program.exported_program(model, args)
+                if program is not None:
+                    with _decomposition_skipped(program):
+                        return _core.export(
+                            program,
+                            registry=used,
+                            verbose=verbose,
+                            optimize=optimize,
+                            opset_version=opset,
+                        )
+            except Exception:  # the exporter's own capture below decides (and raises)
+                pass
         return _core.export(
             model,
             args,
