@@ -34,7 +34,7 @@ quantize_static, or quantize_dynamic); then the CPU's int8 flags and the load av
 
     pip install torch==2.13.0 numpy onnx onnxscript onnxruntime transformers ./core ./plugins/onnxruntime
     python benchmarks/bench_onnxruntime.py [--reps 50] [--quantize-reps 3] [--models cnn,mobilenet,block,bert]
-        [--observer minmax]
+        [--observer histogram]
 """
 
 from __future__ import annotations
@@ -368,7 +368,12 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--quantize-reps", type=int, default=1, help="quantize each way this many times, interleaved")
     parser.add_argument("--models", default="cnn,mobilenet,block,bert")
-    parser.add_argument("--observer", choices=("histogram", "minmax"), default="histogram")
+    parser.add_argument(
+        "--observer",
+        choices=("minmax", "histogram"),
+        default="minmax",
+        help="activation observer (the plugin's default: minmax)",
+    )
     parser.add_argument(
         "--profile", action="store_true", help="CPU seconds per quantize phase each way (static), then stop"
     )
