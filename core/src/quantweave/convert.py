@@ -184,7 +184,7 @@ def convert_pt2e(
     port_quantization_tags(gm.graph, [n for n in gm.graph.nodes if n not in before], dequantize_ops())
     if use_reference_representation:
         to_reference_representation(gm)
-    return disallow_eval_train(rebuild(gm))
+    return disallow_eval_train(rebuild(gm, signature_from=model))  # code generated on first use
 
 
 def _is_observer(module: torch.nn.Module) -> bool:
