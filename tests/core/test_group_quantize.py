@@ -255,5 +255,5 @@ def test_a_nan_weight_is_still_rejected_before_any_quantize(monkeypatch):
         model.emb.weight[5, 3] = float("nan")
     prepared = qw.prepare_pt2e(export(model, tokens), _GroupQuantizer(torch.per_channel_symmetric))
     monkeypatch.setattr(chunked_quantize, "BLOCK_ELEMENTS", 1024)
-    with pytest.raises(qw.ObserverNotCalibratedError, match="activation_post_process_0.*emb_weight.*NaN"):
+    with pytest.raises(qw.ObserverNotCalibratedError, match=r"activation_post_process_0.*emb_weight.*NaN"):
         qw.convert_pt2e(prepared)
