@@ -48,7 +48,7 @@ def copy_graph_module(model: GraphModule) -> tuple[GraphModule, dict[Node, Node]
         new_output.meta = copy.copy(old_output.meta)
         node_map[old_output] = new_output
     # work in progress: Python code is generated on first call, not on construction (most
-    # working copies are never called; rebuild() makes the final, eagerly compiled module)
+    # working copies are never called; rebuild() makes the module returned to the caller)
     result = lazy_graph_module(model, graph)
     result.meta.update(model.meta)
     # a tensor the graph writes in place (a buffer updated in forward) is the copy's own:
