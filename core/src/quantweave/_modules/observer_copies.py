@@ -57,10 +57,10 @@ def _tensor_copies(modules: Iterable[torch.nn.Module]) -> dict[int, Any]:
     owners: dict[tuple[torch.device, int], int] = {}
     for tensor in _reachable_tensors(modules_list):  # any tensor sharing a buffer's storage
         if tensor.numel():  # an empty storage holds nothing to share
-            key = (tensor.device, tensor.untyped_storage().data_ptr())
-            owners[key] = owners.get(key, 0) + 1
+            storage = (tensor.device, tensor.untyped_storage().data_ptr())
+            owners[storage] = owners.get(storage, 0) + 1
     memo: dict[int, Any] = {}
-    for key, tensor in buffers.items():
+    for tensor_id, tensor in buffers.items():
         if (
             type(tensor) is torch.Tensor
             and not tensor.requires_grad
@@ -74,7 +74,7 @@ def _tensor_copies(modules: Iterable[torch.nn.Module]) -> dict[int, Any]:
             and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
             and (not tensor.numel() or owners[(tensor.device, tensor.untyped_storage().data_ptr())] == 1)
         ):
-            memo[key] = tensor.clone()
+            memo[tensor_id] = tensor.clone()
     return memo
 
 

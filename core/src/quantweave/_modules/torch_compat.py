@@ -185,8 +185,8 @@ def deferred_graph_module(root: GraphModule, graph: Graph, signature_from: torch
         return type(self).forward(self, *args, **kwargs)  # not self(...): hooks ran already
 
     forward.__signature__ = signature  # type: ignore[attr-defined]
-    instance_cls._lazy_forward = forward  # type: ignore[attr-defined]
-    instance_cls.forward = forward  # type: ignore[method-assign]
+    instance_cls._lazy_forward = forward
+    instance_cls.forward = forward
     codegen = graph._codegen
     info = getattr(codegen, "pytree_info", None)
     if info is not None:  # what GraphModule.recompile sets for a pytree code generator
@@ -217,10 +217,10 @@ def _forward_signature(graph: Graph, source: torch.nn.Module) -> Any:
 
 @functools.cache
 def _deferred_class(base: type) -> type:
-    class DeferredGraphModule(base):  # type: ignore[misc, valid-type]
+    class DeferredGraphModule(base):
         """See :func:`deferred_graph_module`."""
 
-        def recompile(self) -> Any:  # type: ignore[override]
+        def recompile(self) -> Any:
             if getattr(_DEFERRING, "active", False):  # construction: generated on first use
                 type(self).forward = type(self)._lazy_forward
                 return None
