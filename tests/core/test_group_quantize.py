@@ -218,3 +218,42 @@ def test_is_calibrated_gives_the_isfinite_verdict():
             obs.min_val, obs.max_val = torch.tensor(low, dtype=dtype), torch.tensor(high, dtype=dtype)
             expected = bool(torch.isfinite(obs.min_val).all() and torch.isfinite(obs.max_val).all())
             assert is_calibrated(obs) == expected, (dtype, low, high)
+
+
+def test_nan_check_left_out_only_where_the_observer_proves_there_is_none(monkeypatch):
+    from quantweave._modules import group_quantize
+
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 96, (2, 8))
+    prepared = qw.prepare_pt2e(export(_Tables().eval(), tokens), _GroupQuantizer(torch.per_channel_symmetric))
+    monkeypatch.setattr(chunked_quantize, "BLOCK_ELEMENTS", 1024)
+    seen = []
+    original = group_quantize.quantize_groups
+    monkeypatch.setattr(group_quantize, "quantize_groups", lambda *a: seen.append(a[4]) or original(*a))
+    qw.convert_pt2e(prepared)
+    assert seen == [True, True]  # both weights observed at convert, on these very tensors, no NaN
+
+    observer = PerGroupMinMaxObserver(group_size=16)
+    weight = torch.randn(8, 32)
+    observer(weight)
+    assert group_quantize.observed_nan_free(observer, weight)
+    assert not group_quantize.observed_nan_free(observer, weight.clone())  # another tensor
+    weight.add_(0)  # written since it was observed
+    assert not group_quantize.observed_nan_free(observer, weight)
+    with_nan = torch.randn(8, 32)
+    with_nan[3, 5] = float("nan")
+    observer = PerGroupMinMaxObserver(group_size=16)
+    observer(with_nan)
+    assert not group_quantize.observed_nan_free(observer, with_nan)
+
+
+def test_a_nan_weight_is_still_rejected_before_any_quantize(monkeypatch):
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 96, (2, 8))
+    model = _Tables().eval()
+    with torch.no_grad():
+        model.emb.weight[5, 3] = float("nan")
+    prepared = qw.prepare_pt2e(export(model, tokens), _GroupQuantizer(torch.per_channel_symmetric))
+    monkeypatch.setattr(chunked_quantize, "BLOCK_ELEMENTS", 1024)
+    with pytest.raises(qw.ObserverNotCalibratedError, match=r"activation_post_process_0.*emb_weight.*NaN"):
+        qw.convert_pt2e(prepared)

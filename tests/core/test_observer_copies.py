@@ -70,3 +70,35 @@ def test_convert_leaves_the_prepared_models_observers_as_they_were():
     for name, (module, min_val) in before.items():
         assert prepared.get_submodule(name) is module and torch.equal(module.min_val, min_val)  # never observed
     assert any(t.dtype == torch.int8 for t in converted.buffers())
+
+
+class _Holder(torch.nn.Module):
+    """Buffers of every kind the fast copy must copy as deepcopy does."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("empty", torch.tensor([]))
+        self.register_buffer("filled", torch.arange(6.0))
+        base = torch.arange(8.0)
+        self.register_buffer("base", base)
+        self.register_buffer("view", base[2:6])  # shares base's storage
+        tagged = torch.ones(3)
+        tagged.note = "kept"  # a Python attribute on the tensor
+        self.register_buffer("tagged", tagged)
+        self.alias = [self.filled]  # the same tensor object, reached another way
+
+
+def test_copies_are_what_deepcopy_makes_sharing_included():
+    import copy
+
+    holder = _Holder()
+    fast = copy_observers({"h": holder}, {"h"})["h"]
+    slow = copy.deepcopy(holder)
+    for name, tensor in slow.state_dict().items():
+        assert torch.equal(fast.state_dict()[name], tensor), name
+    assert fast.alias[0] is fast.filled  # one copy per tensor object
+    assert fast.tagged.note == "kept"
+    fast.base[3] = 100.0  # the view still shares its base's (copied) storage
+    assert fast.view[1] == 100.0
+    fast.filled.add_(1)  # and nothing is shared with the original
+    assert torch.equal(holder.filled, torch.arange(6.0)) and holder.base[3] == 3.0

@@ -357,3 +357,25 @@ def test_qat_edge_rewrite_keeps_annotation_and_spec_subclasses():
     (derived,) = (s for s in annotation.input_qspec_map.values() if isinstance(s, qw.DerivedQuantizationSpec))
     assert type(derived) is TaggedDerived and derived.tag == "bias spec"
     assert derived.derived_from[1] == (scaled_weight, conv)
+
+
+def test_code_is_generated_when_first_needed_not_by_prepare_or_convert(monkeypatch):
+    import inspect
+
+    model = TwoReluCat().eval()
+    x, y = torch.randn(1, 3, 8, 8), torch.randn(1, 3, 8, 8)
+    gm = export(model, x, y)
+    calls = []
+    python_code = torch.fx.Graph.python_code
+    monkeypatch.setattr(
+        torch.fx.Graph, "python_code", lambda self, *a, **k: calls.append(1) or python_code(self, *a, **k)
+    )
+    prepared = qw.prepare_pt2e(gm, make_reference_quantizer())
+    assert calls == []  # a prepared model converted without running never pays for its code
+    assert inspect.signature(prepared.forward) == inspect.signature(gm.forward)  # known without it
+    prepared(x, y)
+    assert len(calls) == 1
+    converted = qw.convert_pt2e(prepared)
+    assert len(calls) == 1
+    torch.testing.assert_close(converted(x, y), converted(x, y))
+    assert len(calls) == 2 and "def forward" in converted.code

@@ -185,6 +185,46 @@ def test_lazy_graph_module_generates_code_on_first_call(monkeypatch):
     assert len(calls) == 1, changed("_LazyGraphModule", "lazy_graph_module()", f"{len(calls)} code generations")
 
 
+def test_deferred_graph_module_is_a_graph_module_a_caller_can_use(monkeypatch):
+    """What prepare / convert return: no code until first needed, then one generation; hooks
+    once on the first call; forward's signature and _in_spec before any code; recompile() eager."""
+    calls = []
+    python_code = Graph.python_code
+
+    def counting(self, *args, **kwargs):
+        calls.append(self)
+        return python_code(self, *args, **kwargs)
+
+    x = torch.randn(2, 3)
+    exported = torch.export.export(Structured(), (x, {"y": x})).module()
+    copied, _ = copy_graph_module(exported)
+    monkeypatch.setattr(Graph, "python_code", counting)
+    module = torch_compat.deferred_graph_module(copied, copied.graph, exported)
+    assert isinstance(module, GraphModule) and not calls
+    assert inspect.signature(module.forward) == inspect.signature(exported.forward) and not calls
+    assert module._in_spec == exported._in_spec and not calls
+    hooks = []
+    module.register_forward_pre_hook(lambda m, a: hooks.append("pre"))
+    module.register_forward_hook(lambda m, a, o: hooks.append("post"))
+    torch.testing.assert_close(module(x, {"y": x}), exported(x, {"y": x}))
+    assert hooks == ["pre", "post"] and len(calls) == 1
+    torch.testing.assert_close(module(x, {"y": x}), exported(x, {"y": x}))
+    assert hooks == ["pre", "post"] * 2 and len(calls) == 1
+    assert module.code == exported.code and len(calls) == 1
+    assert module.recompile() is not None and len(calls) == 2  # an edit's recompile: at once, as GraphModule's
+
+
+def test_deferred_graph_module_is_eager_when_the_signature_is_not_known():
+    x = torch.randn(2, 3)
+    exported = torch.export.export(Structured(), (x, {"y": x})).module()
+    copied, _ = copy_graph_module(exported)
+    placeholder = next(iter(copied.graph.find_nodes(op="placeholder")))
+    with copied.graph.inserting_after(placeholder):
+        copied.graph.placeholder("extra")
+    module = torch_compat.deferred_graph_module(copied, copied.graph, exported)
+    assert "_code" in vars(module)  # other placeholders than the source's: compiled at once
+
+
 # -- 4. observers and with_observer_kwargs ---------------------------------------------------------
 
 OBSERVER_CLASSES = {

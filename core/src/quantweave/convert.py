@@ -42,7 +42,7 @@ from ._modules.graph import (
     rebuild,
     set_attr_value,
 )
-from ._modules.group_quantize import new_workspace, qparams_valid, quantize_weight
+from ._modules.group_quantize import new_workspace, observed_nan_free, qparams_valid, quantize_weight
 from ._modules.misuse import warn_no_observers
 from ._modules.observer_calls import observer_calls
 from ._modules.observer_copies import copy_observers
@@ -184,7 +184,7 @@ def convert_pt2e(
     port_quantization_tags(gm.graph, [n for n in gm.graph.nodes if n not in before], dequantize_ops())
     if use_reference_representation:
         to_reference_representation(gm)
-    return disallow_eval_train(rebuild(gm))
+    return disallow_eval_train(rebuild(gm, signature_from=model))  # code generated on first use
 
 
 def _is_observer(module: torch.nn.Module) -> bool:
@@ -336,7 +336,9 @@ def _replace_observer(
         if fold:
             values = torch.fx.node.map_arg(q_args, lambda n: evaluate_constant(gm, n, constant_values))
             with torch.no_grad():
-                qvalue = quantize_weight(q_op, evaluate_constant(gm, source, constant_values), values, workspace)
+                weight = evaluate_constant(gm, source, constant_values)
+                nan_free = group_size is not None and observed_nan_free(module, weight)
+                qvalue = quantize_weight(q_op, weight, values, workspace, nan_free=nan_free)
             q_name = new_attr_name(gm, "_frozen_param")
             gm.register_buffer(q_name, qvalue)
             quant = graph.get_attr(q_name)

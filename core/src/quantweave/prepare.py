@@ -133,7 +133,8 @@ def _prepare(model: GraphModule, quantizer: Quantizer, is_qat: bool) -> GraphMod
     check_observers(observers, lambda key: _label(key, quantizer))
     _insert_observers(gm, drop_in_place_destinations(observers))  # a written buffer is written itself
     gm.meta[PREPARED_KEY] = api
-    return disallow_eval_train(explain_guards(rebuild(gm)))  # a batch of another size: how to export for it
+    # code generated on first use; a batch of another size: how to export for it
+    return disallow_eval_train(explain_guards(rebuild(gm, signature_from=model)))
 
 
 def _own_tensors(gm: GraphModule) -> None:

@@ -17,7 +17,7 @@ from ..annotation import (
     QuantizationAnnotation,
     SharedQuantizationSpec,
 )
-from .torch_compat import empty_graph_like, lazy_graph_module
+from .torch_compat import deferred_graph_module, empty_graph_like, lazy_graph_module
 
 # Node.meta keys that follow a tensor when quantize/dequantize nodes are put around it.
 PORTED_META_KEYS = ("stack_trace", "nn_module_stack", "source_fn_stack", "quantization_tag")
@@ -48,7 +48,7 @@ def copy_graph_module(model: GraphModule) -> tuple[GraphModule, dict[Node, Node]
         new_output.meta = copy.copy(old_output.meta)
         node_map[old_output] = new_output
     # work in progress: Python code is generated on first call, not on construction (most
-    # working copies are never called; rebuild() makes the final, eagerly compiled module)
+    # working copies are never called; rebuild() makes the module returned to the caller)
     result = lazy_graph_module(model, graph)
     result.meta.update(model.meta)
     # a tensor the graph writes in place (a buffer updated in forward) is the copy's own:
@@ -92,10 +92,16 @@ def mutated_attrs(graph: Graph) -> set[str]:
     return targets
 
 
-def rebuild(model: GraphModule) -> GraphModule:
-    """Compile into a fresh (eager) GraphModule holding only the attributes the graph uses."""
+def rebuild(model: GraphModule, signature_from: torch.nn.Module | None = None) -> GraphModule:
+    """A fresh GraphModule holding only the attributes the graph uses: eager, or with
+    ``signature_from`` (the module the graph was copied from) one whose code is generated on
+    first use (``torch_compat.deferred_graph_module``: a prepared model that is never called,
+    as an 8da4w one converted straight away, never pays for its code)."""
     model.graph.lint()
-    fresh = GraphModule(model, model.graph)
+    if signature_from is None:
+        fresh = GraphModule(model, model.graph)
+    else:
+        fresh = deferred_graph_module(model, model.graph, signature_from)
     fresh.meta.update(model.meta)
     return fresh
 

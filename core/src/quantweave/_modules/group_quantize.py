@@ -27,9 +27,11 @@ from typing import Any
 import torch
 
 from . import chunked_quantize
+from .group_observer import PerGroupMinMaxObserver
+from .observed_once import unchanged_since
 from .torch_compat import quantized_decomposed_ops
 
-__all__ = ["new_workspace", "qparams_valid", "quantize_groups", "quantize_weight"]
+__all__ = ["new_workspace", "observed_nan_free", "qparams_valid", "quantize_groups", "quantize_weight"]
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _INTEGERS = (torch.int8, torch.uint8, torch.int16, torch.int32)
@@ -42,7 +44,12 @@ def new_workspace() -> chunked_quantize.Workspace:
 
 
 def quantize_weight(
-    q_op: Any, value: Any, args: tuple[Any, ...], workspace: chunked_quantize.Workspace | None = None
+    q_op: Any,
+    value: Any,
+    args: tuple[Any, ...],
+    workspace: chunked_quantize.Workspace | None = None,
+    *,
+    nan_free: bool = False,
 ) -> Any:
     """``q_op(value, *args)`` (a quantize op convert emits, its qparams evaluated), computed
     by :func:`quantize_groups` or :func:`.chunked_quantize.quantize_affine_rows` where they
@@ -52,7 +59,7 @@ def quantize_weight(
     if workspace is None or workspace.block_elements != block_elements:
         workspace = chunked_quantize.Workspace(block_elements)
     if q_op == quantized_decomposed_ops().quantize_per_channel_group.default:
-        result = quantize_groups(value, args, block_elements, workspace)
+        result = quantize_groups(value, args, block_elements, workspace, nan_free)
     else:
         result = chunked_quantize.quantize_affine_rows(q_op, value, args, workspace)
     if result is not None:
@@ -61,11 +68,16 @@ def quantize_weight(
 
 
 def quantize_groups(
-    value: Any, args: tuple[Any, ...], block_elements: int, workspace: chunked_quantize.Workspace | None = None
+    value: Any,
+    args: tuple[Any, ...],
+    block_elements: int,
+    workspace: chunked_quantize.Workspace | None = None,
+    nan_free: bool = False,
 ) -> torch.Tensor | None:
     """``quantize_per_channel_group(value, *args)`` for a 2-D float weight of more than
     ``block_elements`` elements with float32 scales and integer zero points, one per group;
-    None for anything else (the caller computes it with the op)."""
+    None for anything else (the caller computes it with the op). ``nan_free``: ``value`` is
+    known to hold no NaN (the op's NaN check, a pass over the weight, is left out)."""
     if len(args) != 6 or not isinstance(value, torch.Tensor):
         return None
     scales, zero_points, quant_min, quant_max, dtype, group_size = args
@@ -100,7 +112,7 @@ def quantize_groups(
     for start in range(0, rows, step):
         stop = min(rows, start + step)
         block = value[start:stop].reshape(-1, group_size)
-        if torch.isnan(block.sum()) and bool(torch.isnan(block).any()):
+        if not nan_free and torch.isnan(block.sum()) and bool(torch.isnan(block).any()):
             raise AssertionError("to_quant must not contain NaNs")  # the op's error
         first, last = start * per_row, stop * per_row
         work = workspace.take(block.numel(), value.device).view(block.shape)
@@ -111,6 +123,21 @@ def quantize_groups(
         work.clamp_(quant_min, quant_max)
         out[start:stop].copy_(work.reshape(stop - start, columns))
     return out
+
+
+def observed_nan_free(observer: Any, value: Any) -> bool:
+    """True when ``observer`` proves ``value`` holds no NaN: it is a
+    :class:`~quantweave.observers.PerGroupMinMaxObserver` (its own ``forward``: ``amin`` /
+    ``amax``, then ``torch.minimum`` / ``maximum`` with what it held, all of which carry a NaN
+    into the result), it last observed this very tensor, unchanged since, and neither its
+    minima nor its maxima hold a NaN. (A NaN weight gives a NaN scale, which convert rejects
+    before quantizing anyway.)"""
+    if not isinstance(value, torch.Tensor) or not isinstance(observer, PerGroupMinMaxObserver):
+        return False
+    if type(observer).forward is not PerGroupMinMaxObserver.forward or not unchanged_since(observer, value):
+        return False
+    low, high = observer.min_val, observer.max_val
+    return bool(low.numel()) and not bool(torch.isnan(low).any() or torch.isnan(high).any())
 
 
 def qparams_valid(value: Any, positive: bool) -> bool:

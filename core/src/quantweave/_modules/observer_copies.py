@@ -14,6 +14,7 @@ when no constant needs observing.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -35,7 +36,46 @@ def copy_observers(modules: dict[str, torch.nn.Module], written: set[str]) -> di
             if module_id not in group and (reached & group or any(module_id in links[g] for g in group)):
                 group.add(module_id)
                 grown = True
-    return copy.deepcopy({name: module for name, module in modules.items() if id(module) in group})
+    chosen = {name: module for name, module in modules.items() if id(module) in group}
+    return copy.deepcopy(chosen, _tensor_copies(chosen.values()))
+
+
+def _tensor_copies(modules: Iterable[torch.nn.Module]) -> dict[int, Any]:
+    """A ``deepcopy`` memo giving each plain buffer of ``modules`` (and of their submodules)
+    its copy made by ``clone()``: what ``deepcopy`` makes of it, at a fraction of the cost
+    (``Tensor.__deepcopy__`` was most of copying an observer). Only buffers a clone copies
+    exactly: a plain ``torch.Tensor`` (no subclass, no gradient, no Python attributes, strided,
+    not a conjugate / negative view) that owns its whole storage (contiguous, offset 0) and
+    shares it with no other buffer; any other is left to ``deepcopy``."""
+    modules_list = list(modules)
+    buffers: dict[int, torch.Tensor] = {}
+    for module in modules_list:
+        for submodule in module.modules():
+            for tensor in submodule._buffers.values():
+                if isinstance(tensor, torch.Tensor):
+                    buffers[id(tensor)] = tensor
+    owners: dict[tuple[torch.device, int], int] = {}
+    for tensor in _reachable_tensors(modules_list):  # any tensor sharing a buffer's storage
+        if tensor.numel():  # an empty storage holds nothing to share
+            storage = (tensor.device, tensor.untyped_storage().data_ptr())
+            owners[storage] = owners.get(storage, 0) + 1
+    memo: dict[int, Any] = {}
+    for tensor_id, tensor in buffers.items():
+        if (
+            type(tensor) is torch.Tensor
+            and not tensor.requires_grad
+            and tensor.layout == torch.strided
+            and not tensor.is_quantized
+            and not tensor.is_conj()
+            and not tensor.is_neg()
+            and not vars(tensor)
+            and tensor.storage_offset() == 0
+            and tensor.is_contiguous()
+            and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+            and (not tensor.numel() or owners[(tensor.device, tensor.untyped_storage().data_ptr())] == 1)
+        ):
+            memo[tensor_id] = tensor.clone()
+    return memo
 
 
 def _reachable(module: torch.nn.Module) -> set[int]:
@@ -56,3 +96,26 @@ def _reachable(module: torch.nn.Module) -> set[int]:
         elif isinstance(value, torch.nn.Module):
             pending.extend(vars(value).values())
     return seen
+
+
+def _reachable_tensors(modules: list[torch.nn.Module]) -> list[torch.Tensor]:
+    """Every tensor (each object once) reachable from ``modules``' attributes, through
+    containers and modules."""
+    seen: set[int] = set()
+    found: list[torch.Tensor] = []
+    pending: list[Any] = [vars(module) for module in modules]
+    while pending:
+        value = pending.pop()
+        if id(value) in seen or isinstance(value, (str, bytes, int, float, bool, type(None))):
+            continue
+        seen.add(id(value))
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, dict):
+            pending.extend(value.keys())
+            pending.extend(value.values())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            pending.extend(value)
+        elif isinstance(value, torch.nn.Module):
+            pending.append(vars(value))
+    return found

@@ -12,7 +12,9 @@ the torch API and this module, on a torch that changed it:
    generator: reads ``Graph._tracer_cls`` and ``Graph._codegen`` (the pytree in/out specs
    of an exported module live in its ``_PyTreeCodeGen``).
 3. :func:`lazy_graph_module` -- ``torch.fx._lazy_graph_module._LazyGraphModule``, a
-   GraphModule that generates its Python code on first use.
+   GraphModule that generates its Python code on first use; :func:`deferred_graph_module`,
+   a subclass of it for the modules prepare and convert return (hooks run once on the first
+   call, ``forward``'s signature known before the code is generated, ``recompile()`` eager).
 4. Observer and fake-quantize classes from ``torch.ao.quantization.observer`` /
    ``.fake_quantize`` (public names of a module torch no longer develops), and
    :func:`with_observer_kwargs`, which relies on ``.with_args`` partials (torch's private
@@ -40,7 +42,9 @@ the torch API and this module, on a torch that changed it:
 from __future__ import annotations
 
 import functools
+import inspect
 import math
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -79,6 +83,7 @@ __all__ = [
     "PlaceholderObserver",
     "empty_graph_like",
     "fake_value",
+    "deferred_graph_module",
     "lazy_graph_module",
     "pt2_packager",
     "quantized_decomposed_ops",
@@ -137,6 +142,92 @@ def lazy_graph_module(root: torch.nn.Module, graph: Graph) -> GraphModule:
     except ImportError:  # pragma: no cover - a torch without it: compile eagerly
         return GraphModule(root, graph)
     return _LazyGraphModule(root, graph)
+
+
+_DEFERRING = threading.local()
+
+
+def deferred_graph_module(root: GraphModule, graph: Graph, signature_from: torch.nn.Module) -> GraphModule:
+    """A GraphModule over ``graph`` (attributes from ``root``) whose Python code is generated
+    when it is first needed -- called, ``.code`` / ``print``, ``inspect.signature(m.forward)``,
+    pickled -- not on construction, like torch's ``_LazyGraphModule`` but fit to be returned to
+    a caller:
+
+    - forward hooks (and pre-hooks) run once on the first call (``_LazyGraphModule``'s first
+      call re-enters ``__call__``: every hook ran twice);
+    - ``forward``'s signature is the generated code's before it is generated, so what reads it
+      (``torch.export``'s argument names, ``quantweave.calibrate``'s input binding) sees what an
+      eager module shows: it is taken from ``signature_from``'s ``forward`` -- whose graph has
+      the same placeholders and the same code generator, hence the same ``def`` line;
+    - ``_in_spec`` / ``_out_spec`` are set at once (an eager GraphModule sets them on compile);
+    - ``recompile()`` after an edit generates the code at once and returns it, as GraphModule's.
+
+    Eager (``GraphModule``) when that signature cannot be vouched for (another code generator
+    or other placeholders than ``signature_from``'s graph, no signature) or torch no longer has
+    ``_LazyGraphModule``."""
+    try:
+        from torch.fx._lazy_graph_module import _LazyGraphModule
+    except ImportError:  # pragma: no cover - a torch without it: compile eagerly
+        return GraphModule(root, graph)
+    signature = _forward_signature(graph, signature_from)
+    if signature is None:
+        return GraphModule(root, graph)
+    cls = _deferred_class(_LazyGraphModule)
+    _DEFERRING.active = True
+    try:
+        module = cls(root, graph)
+    finally:
+        _DEFERRING.active = False
+    instance_cls = type(module)  # GraphModule makes a class per instance
+
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        self.real_recompile()  # installs the generated forward on the instance's class
+        return type(self).forward(self, *args, **kwargs)  # not self(...): hooks ran already
+
+    forward.__signature__ = signature  # type: ignore[attr-defined]
+    instance_cls._lazy_forward = forward
+    instance_cls.forward = forward
+    codegen = graph._codegen
+    info = getattr(codegen, "pytree_info", None)
+    if info is not None:  # what GraphModule.recompile sets for a pytree code generator
+        module._in_spec = info.in_spec
+        module._out_spec = info.out_spec
+    return module
+
+
+def _forward_signature(graph: Graph, source: torch.nn.Module) -> Any:
+    """``inspect.signature`` of ``type(source).forward`` (with ``self``) when ``graph`` would
+    generate the same ``def`` line as ``source``'s graph, else None."""
+    source_graph = getattr(source, "graph", None)
+    if not isinstance(source_graph, Graph) or source_graph._codegen is not graph._codegen:
+        return None
+    if [(n.target, n.args) for n in source_graph.find_nodes(op="placeholder")] != [
+        (n.target, n.args) for n in graph.find_nodes(op="placeholder")
+    ]:
+        return None
+    if not hasattr(source, "_code"):  # a lazy module not generated yet, other than ours
+        function = type(source).__dict__.get("forward")
+        signature = getattr(function, "__signature__", None)
+        return signature if isinstance(signature, inspect.Signature) else None
+    try:
+        return inspect.signature(type(source).forward)
+    except (TypeError, ValueError):  # pragma: no cover
+        return None
+
+
+@functools.cache
+def _deferred_class(base: type) -> type:
+    class DeferredGraphModule(base):
+        """See :func:`deferred_graph_module`."""
+
+        def recompile(self) -> Any:
+            if getattr(_DEFERRING, "active", False):  # construction: generated on first use
+                type(self).forward = type(self)._lazy_forward
+                return None
+            return self._real_recompile()
+
+    DeferredGraphModule.__module__ = __name__
+    return DeferredGraphModule
 
 
 def fake_value(graph: Graph, tensor: torch.Tensor) -> Any:
