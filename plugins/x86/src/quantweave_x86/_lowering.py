@@ -40,6 +40,7 @@ from quantweave import MisuseWarning
 from quantweave.authoring import copy_for_rewrite, dequantize_ops, finish_rewrite, products_as_linears, quantize_ops
 
 from ._conv1d import quantized_conv1ds_as_conv2ds
+from ._dynamic_qparams import choose_qparams_as_aten_ops
 
 __all__ = ["LoweredModule", "cpu_needs_reduce_range", "lower"]
 
@@ -132,7 +133,9 @@ def lower(converted: GraphModule, example_inputs: Sequence[Any], *, bf16: bool =
         )
     example_inputs = tuple(example_inputs)
     # compiled as is: a re-export added input checks worth ~0.4 ms per call (encoder, b1)
-    ready = _int32_weight_zero_points(_without_self_adds(quantized_conv1ds_as_conv2ds(products_as_linears(converted))))
+    ready = _int32_weight_zero_points(
+        _without_self_adds(quantized_conv1ds_as_conv2ds(products_as_linears(choose_qparams_as_aten_ops(converted))))
+    )
     compiled = torch.compile(ready, backend="inductor")
     lowered = LoweredModule(compiled, bf16, _inputs_to_protect(converted, len(example_inputs)))
     lowered(*example_inputs)  # compile now, under freezing
