@@ -75,10 +75,19 @@ class Net(torch.nn.Module):
 X = torch.randn(8, 4)
 
 
-@pytest.fixture
-def caller():
+@pytest.fixture(scope="module")
+def _exported_once():
+    torch.manual_seed(0)  # the weights each test's own export had (the autouse seed, then Net())
     gm = torch.export.export(Net().eval(), (X,)).module()
-    snapshot = Snapshot.of(gm)
+    return gm, Snapshot.of(gm)
+
+
+@pytest.fixture
+def caller(_exported_once):
+    """The caller's model, exported once for the module's tests, unchanged before and after each."""
+    Net()  # the global RNG left as the per-test export left it (the model is cheap, the export is not)
+    gm, snapshot = _exported_once
+    assert snapshot.differences(gm) == []
     yield gm
     assert snapshot.differences(gm) == []
 

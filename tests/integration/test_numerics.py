@@ -14,7 +14,7 @@ from quantweave.testing.inspect import sqnr
 from quantweave.testing.reference import make_reference_quantizer
 from quantweave_x86 import X86InductorQuantizer
 from quantweave_xnnpack import XNNPACKQuantizer, get_symmetric_quantization_config
-from tests.helpers import assert_names
+from tests.helpers import Snapshot, assert_names
 
 aten = torch.ops.aten
 
@@ -68,9 +68,21 @@ def _xnnpack():
     return XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
 
 
+@pytest.fixture(scope="module")
+def _exported_once():
+    gm = torch.export.export(_net(), _data(1)[0]).module()
+    return gm, Snapshot.of(gm)
+
+
 @pytest.fixture
-def exported():
-    return torch.export.export(_net(), _data(1)[0]).module()
+def exported(_exported_once):
+    """The Net exported once for the module's tests (each used to export it again), checked
+    unchanged before and after each test: a test that modified it fails there."""
+    _net()  # the global RNG left as the per-test export left it (the model is cheap, the export is not)
+    gm, snapshot = _exported_once
+    assert not snapshot.differences(gm), snapshot.differences(gm)
+    yield gm
+    assert not snapshot.differences(gm), f"the test modified the exported model: {snapshot.differences(gm)}"
 
 
 QUANTIZERS = {
@@ -167,7 +179,8 @@ def test_unmatched_and_wrong_inputs_are_said():
 # -- LeaveFloat and fallback ----------------------------------------------------------------------
 
 
-def test_fused_units_follow_unquantized_edges(exported):
+def test_fused_units_follow_unquantized_edges():
+    exported = torch.export.export(_net(), _data(1)[0]).module()  # its own: annotate writes into it
     X86InductorQuantizer().annotate(exported)
     units = fused_units(exported)
     assert units["conv2d_1"] == ("conv2d_1", "relu_1") == units["relu_1"]

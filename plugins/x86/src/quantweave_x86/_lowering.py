@@ -14,6 +14,9 @@ patterns into oneDNN int8 convolutions and linears) and returns a :class:`Lowere
 - A quantized conv1d is compiled as the conv2d over a height of 1 (the same values, still an
   int8 conv): torch 2.13's fake kernel of inductor's int8 conv records a conv1d's output length
   as if its kernel were 1, and a later op that checks it (Whisper's ``+ positions``) fails to compile.
+- Dynamic qparams (``choose_qparams.tensor``) are compiled as the aten ops of the op's own arithmetic
+  (range widened to hold 0): torch 2.13 inductor's decomposition takes an all-positive tensor's own
+  [min, max] and the lowered model then differed from the converted one (``_dynamic_qparams``).
 - On a CPU without VNNI or AMX (AVX2 / AVX-512 without VNNI), oneDNN multiplies uint8 by
   int8 with 16-bit intermediate sums that saturate on activations in [0, 255]: ``lower``
   warns (``quantweave.MisuseWarning``) naming a full-range quantize and the fix, quantizing
@@ -40,6 +43,7 @@ from quantweave import MisuseWarning
 from quantweave.authoring import copy_for_rewrite, dequantize_ops, finish_rewrite, products_as_linears, quantize_ops
 
 from ._conv1d import quantized_conv1ds_as_conv2ds
+from ._dynamic_qparams import choose_qparams_as_aten_ops
 
 __all__ = ["LoweredModule", "cpu_needs_reduce_range", "lower"]
 
@@ -132,7 +136,9 @@ def lower(converted: GraphModule, example_inputs: Sequence[Any], *, bf16: bool =
         )
     example_inputs = tuple(example_inputs)
     # compiled as is: a re-export added input checks worth ~0.4 ms per call (encoder, b1)
-    ready = _int32_weight_zero_points(_without_self_adds(quantized_conv1ds_as_conv2ds(products_as_linears(converted))))
+    ready = _int32_weight_zero_points(
+        _without_self_adds(quantized_conv1ds_as_conv2ds(products_as_linears(choose_qparams_as_aten_ops(converted))))
+    )
     compiled = torch.compile(ready, backend="inductor")
     lowered = LoweredModule(compiled, bf16, _inputs_to_protect(converted, len(example_inputs)))
     lowered(*example_inputs)  # compile now, under freezing
