@@ -24,6 +24,9 @@ the list is taken. ``QUANTWEAVE_CHECK_CIA_MEMO=1`` computes the original as well
 and fails on any difference (how the memo was checked on the executorch, xnnpack and zoo envs).
 
 Each caller gets its own copy of the set (torch's callers only read it; a copy keeps it so).
+
+Also here: :func:`node_sources_shared`, torch's provenance records shared instead of deep-copied
+by every pass (~11 % of a lowering).
 """
 
 from __future__ import annotations
