@@ -24,6 +24,9 @@ the list is taken. ``QUANTWEAVE_CHECK_CIA_MEMO=1`` computes the original as well
 and fails on any difference (how the memo was checked on the executorch, xnnpack and zoo envs).
 
 Each caller gets its own copy of the set (torch's callers only read it; a copy keeps it so).
+
+Also here: :func:`node_sources_shared`, torch's provenance records shared instead of deep-copied
+by every pass (~11 % of a lowering).
 """
 
 from __future__ import annotations
@@ -96,3 +99,39 @@ def cia_ops_collected_once() -> Iterator[dict]:
         yield stats
     finally:
         patch.undo()
+
+
+# -- provenance records shared, not deep-copied ---------------------------------------------------------
+
+#: what :func:`node_sources_shared` gives ``torch.fx.traceback.NodeSource``
+DEEPCOPY = "__deepcopy__"
+
+
+def _same_node_source(self: object, memo: dict) -> object:
+    return self
+
+
+def node_sources_shared() -> Iterator[None]:
+    """For a session-scoped autouse fixture (tests/conftest.py): ``copy.deepcopy`` of a
+    ``torch.fx.traceback.NodeSource`` (a node's provenance record, ``node.meta["from_node"]``)
+    returns the record itself for the session.
+
+    Every node a pass re-creates gets a ``NodeSource`` whose ``__init__`` deep-copies the whole
+    chain of records of the node it came from (``copy.deepcopy(node.meta["from_node"])``), and the
+    chain grows by one record per pass: an ExecuTorch lowering runs ~20 XNNPACK passes per delegate
+    plus the edge passes, so the copies grow with (passes x nodes x depth); py-spy put
+    ``NodeSource.__init__`` at ~11 % of a zoo lowering (swin, llama through xnnpack). A record is
+    never changed after it is made (torch and ExecuTorch build new ones and new lists: the lists
+    in ``node.meta`` are still copied, only the records in them are shared), so sharing gives every
+    node the same provenance, record for record (``to_dict()`` equal), and the same .pte bytes
+    (tests/executorch_plugin/test_speedups.py)."""
+    from torch.fx.traceback import NodeSource
+
+    if DEEPCOPY in vars(NodeSource):  # torch gave it one of its own: leave it alone
+        yield
+        return
+    setattr(NodeSource, DEEPCOPY, _same_node_source)
+    try:
+        yield
+    finally:
+        delattr(NodeSource, DEEPCOPY)

@@ -1,14 +1,17 @@
-"""The test session's memo of torch's preservable-CIA-op walk (tests/executorch_speedups.py): it
-returns what torch's function returns, sees an op registered (or removed) after it was filled,
-and lowered programs are byte-identical with and without it (marker ``executorch``)."""
+"""The test session's shortcuts for ExecuTorch lowerings (tests/executorch_speedups.py): the memo of
+torch's preservable-CIA-op walk returns what torch's function returns and sees an op registered (or
+removed) after it was filled; provenance records (``NodeSource``) are shared instead of deep-copied,
+with the same provenance on every node; lowered programs are byte-identical with and without both
+(marker ``executorch``)."""
 
+import copy
 import inspect
 
 import pytest
 import torch
 from torch._export import utils
 
-from tests.executorch_speedups import NAME, cia_ops_collected_once, memoized
+from tests.executorch_speedups import DEEPCOPY, NAME, cia_ops_collected_once, memoized, node_sources_shared
 
 ORIGINAL = inspect.unwrap(getattr(utils, NAME))
 
@@ -74,14 +77,48 @@ def test_check_mode_names_a_difference():
         collect()
 
 
-# -- programs with and without the memo --------------------------------------------------------------
+def test_node_sources_are_shared_for_the_session_and_restored(monkeypatch):
+    from torch.fx.traceback import NodeSource
+
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
+    node = next(n for n in gm.graph.nodes if n.op == "call_function")
+    chain = [NodeSource(None, "outer")]
+    chain[0].from_node = [NodeSource(node, "a_pass")]
+    copied = copy.deepcopy(chain)
+    assert copied is not chain and copied[0] is chain[0], "the list copied, the record shared"
+    generator = node_sources_shared()  # nested inside the session's: leaves the session's alone
+    next(generator)
+    generator.close()
+    assert copy.deepcopy(chain)[0] is chain[0]
+    monkeypatch.delattr(NodeSource, DEEPCOPY)  # without the session's: torch's deep copy
+    plain = copy.deepcopy(chain)
+    assert plain[0] is not chain[0] and plain[0].from_node[0] is not chain[0].from_node[0]
+    assert plain[0].to_dict() == chain[0].to_dict()
+    generator = node_sources_shared()
+    next(generator)
+    assert copy.deepcopy(chain)[0] is chain[0]
+    generator.close()
+    assert DEEPCOPY not in vars(NodeSource), "restored"
+
+
+def _provenance(graph_module):
+    """Each node's provenance records as dicts, without ``graph_id`` (an ``id()`` of a graph)."""
+
+    def strip(record):
+        return {k: [strip(r) for r in v] if k == "from_node" else v for k, v in record.items() if k != "graph_id"}
+
+    return [(n.name, [strip(r.to_dict()) for r in n.meta.get("from_node", [])]) for n in graph_module.graph.nodes]
+
+
+# -- programs with and without the memos ------------------------------------------------------------
 
 
 @pytest.mark.executorch
-def test_lowered_programs_are_identical_without_the_memo(monkeypatch, tied_lm_8da4w):
-    """The same .pte bytes with torch's own walk as with the memo: a static-quantized Linear +
-    Conv2d through quantweave_xnnpack, and the 8da4w tied LM the recipe tests share (conftest.py)
-    through quantweave_executorch."""
+def test_lowered_programs_are_identical_without_the_memos(monkeypatch, tied_lm_8da4w):
+    """The same .pte bytes with torch's own walk and deep copies of provenance records as with the
+    memos: a static-quantized Linear + Conv2d through quantweave_xnnpack (and the same provenance on
+    every node of its edge program and of each delegate's graph), and the 8da4w tied LM the recipe
+    tests share (conftest.py) through quantweave_executorch."""
     pytest.importorskip("executorch.exir", reason="needs ExecuTorch 1.5.1 (tox -e executorch)")
     from torch.export import decomp_utils, exported_program
 
@@ -103,8 +140,23 @@ def test_lowered_programs_are_identical_without_the_memo(monkeypatch, tied_lm_8d
     prepared(x)
     converted = qw.convert_pt2e(prepared)
     _, prompts, lm, lm_program = tied_lm_8da4w
-    memo = qx.to_executorch(converted, (x,)).buffer
+
+    def lower():
+        edge, _ = qx.lower_to_edge(converted, (x,))
+        gm = edge.exported_program().graph_module
+        delegates = [
+            getattr(gm, str(n.target)).original_module.graph_module for n in gm.graph.nodes if n.op == "get_attr"
+        ]
+        return [_provenance(g) for g in (gm, *delegates)], bytes(edge.to_executorch().buffer)
+
+    from torch.fx.traceback import NodeSource
+
+    memo_provenance, memo = lower()
+    assert len(memo_provenance) > 1 and any(records for _, records in memo_provenance[0]), "delegates, provenance"
     for module in (utils, exported_program, decomp_utils):
         monkeypatch.setattr(module, NAME, ORIGINAL)
-    assert qx.to_executorch(converted, (x,)).buffer == memo
+    monkeypatch.delattr(NodeSource, DEEPCOPY)
+    provenance, plain = lower()
+    assert plain == memo
+    assert provenance == memo_provenance
     assert qe.to_executorch(lm, (prompts[:1],)).buffer == lm_program.buffer
