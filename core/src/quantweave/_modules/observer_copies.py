@@ -14,7 +14,7 @@ when no constant needs observing.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -81,41 +81,31 @@ def _tensor_copies(modules: Iterable[torch.nn.Module]) -> dict[int, Any]:
 def _reachable(module: torch.nn.Module) -> set[int]:
     """Ids of the objects reachable from ``module``'s attributes, through containers and
     other modules' attributes (tensors and scalars are not followed)."""
+    return {id(value) for value in _walk(vars(module).values()) if not isinstance(value, torch.Tensor)}
+
+
+def _reachable_tensors(modules: list[torch.nn.Module]) -> list[torch.Tensor]:
+    """Every tensor (each object once) reachable from ``modules``' attributes, through
+    containers and modules."""
+    return [value for value in _walk(vars(module) for module in modules) if isinstance(value, torch.Tensor)]
+
+
+def _walk(roots: Iterable[Any]) -> Iterator[Any]:
+    """Each object reachable from ``roots`` once (scalars and strings left out), following
+    dicts (keys and values), lists, tuples, sets and modules' attributes; tensors are yielded,
+    not followed."""
     seen: set[int] = set()
-    pending: list[Any] = list(vars(module).values())
+    pending: list[Any] = list(roots)
     while pending:
         value = pending.pop()
-        if id(value) in seen or isinstance(value, (torch.Tensor, str, bytes, int, float, bool, type(None))):
+        if id(value) in seen or isinstance(value, (str, bytes, int, float, bool, type(None))):
             continue
         seen.add(id(value))
+        yield value
         if isinstance(value, dict):
             pending.extend(value.keys())
             pending.extend(value.values())
         elif isinstance(value, (list, tuple, set, frozenset)):
             pending.extend(value)
         elif isinstance(value, torch.nn.Module):
-            pending.extend(vars(value).values())
-    return seen
-
-
-def _reachable_tensors(modules: list[torch.nn.Module]) -> list[torch.Tensor]:
-    """Every tensor (each object once) reachable from ``modules``' attributes, through
-    containers and modules."""
-    seen: set[int] = set()
-    found: list[torch.Tensor] = []
-    pending: list[Any] = [vars(module) for module in modules]
-    while pending:
-        value = pending.pop()
-        if id(value) in seen or isinstance(value, (str, bytes, int, float, bool, type(None))):
-            continue
-        seen.add(id(value))
-        if isinstance(value, torch.Tensor):
-            found.append(value)
-        elif isinstance(value, dict):
-            pending.extend(value.keys())
-            pending.extend(value.values())
-        elif isinstance(value, (list, tuple, set, frozenset)):
-            pending.extend(value)
-        elif isinstance(value, torch.nn.Module):
             pending.append(vars(value))
-    return found
