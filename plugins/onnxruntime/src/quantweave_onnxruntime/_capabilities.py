@@ -23,6 +23,7 @@ __all__ = [
     "activation_quant",
     "bias_quant",
     "declared_capabilities",
+    "resolve_matmul_const_b_only",
     "weight_quant",
     "weight_range",
 ]
@@ -116,6 +117,12 @@ def weight_quant(pattern: str, per_channel: bool = True, reduce_range: bool = Fa
     return TensorQuant("int8", lo, hi, "per_channel", symmetric=True, ch_axis=axis)
 
 
+def resolve_matmul_const_b_only(value: bool | None, is_dynamic: bool) -> bool:
+    """ORT's default for ``MatMulConstBOnly`` where ``value`` is None: True for ``quantize_dynamic``,
+    False for ``quantize_static``."""
+    return is_dynamic if value is None else value
+
+
 def declared_capabilities(
     activation_dtype: str = "uint8",
     per_channel: bool = True,
@@ -155,7 +162,7 @@ def declared_capabilities(
         mode, patterns = Mode.STATIC, STATIC_PATTERNS
     if symmetric_activations:
         patterns = tuple(p for p in patterns if p not in FUSED_ACTIVATION or p == "conv2d_bn")
-    if is_dynamic if matmul_const_b_only is None else matmul_const_b_only:
+    if resolve_matmul_const_b_only(matmul_const_b_only, is_dynamic):
         # only x @ W is quantized; its constant operand as the recipe has always quantized a
         # matmul's second input: with the activations' spec (so the weight is declared that way)
         patterns = tuple("matmul_weight" if p == "matmul" else p for p in patterns)

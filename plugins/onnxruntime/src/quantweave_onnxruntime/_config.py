@@ -25,9 +25,9 @@ from quantweave.observers import (
     PlaceholderObserver,
 )
 
-from ._capabilities import BIAS_RANGE, weight_range
+from ._capabilities import BIAS_RANGE, resolve_matmul_const_b_only, weight_range
 
-__all__ = ["ACTIVATION_DTYPES", "OBSERVERS", "ORTConfig", "Recipe", "resolve_matmul_const_b_only"]
+__all__ = ["ACTIVATION_DTYPES", "OBSERVERS", "ORTConfig", "Recipe"]
 
 ACTIVATION_DTYPES = ("uint8", "int8")
 OBSERVERS = ("histogram", "minmax")
@@ -85,12 +85,6 @@ class ORTConfig:
             )
         if self.observer is None:
             object.__setattr__(self, "observer", "minmax")
-
-
-def resolve_matmul_const_b_only(value: bool | None, is_dynamic: bool) -> bool:
-    """ORT's default for ``MatMulConstBOnly`` where ``value`` is None: True for ``quantize_dynamic``,
-    False for ``quantize_static``."""
-    return is_dynamic if value is None else value
 
 
 def _bias_qparams(observers: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -81,6 +81,18 @@ def _traced_name(node: torch.fx.Node) -> str | None:
     return target.overloadpacket.__name__ if isinstance(target, torch._ops.OpOverload) else None
 
 
+def _copy_call(graph: torch.fx.Graph, node: torch.fx.Node, env: Mapping[torch.fx.Node, torch.fx.Node]) -> torch.fx.Node:
+    """A copy of the call ``node`` in ``graph``, its inputs mapped through ``env``, named as
+    ``torch.export`` names the nodes it traces (:func:`_traced_name`)."""
+    return graph.create_node(
+        "call_function",
+        node.target,
+        torch.fx.map_arg(node.args, env.__getitem__),
+        torch.fx.map_arg(node.kwargs, env.__getitem__),
+        name=_traced_name(node),
+    )
+
+
 def _module_stack(node: torch.fx.Node) -> dict[str, Any]:
     """The ``nn_module_stack`` of the first computed input of ``node`` (copied in graph order, so
     it has one, its own or its input's); {} when every input is a placeholder (a weight)."""
@@ -166,13 +178,7 @@ def exported_program(model: torch.nn.Module, args: tuple[Any, ...]) -> torch.exp
             # named as torch.export names the nodes it traces (the op's name, numbered in graph
             # order: "dequantize_per_tensor_3", not convert's "dequantize_per_tensor_default_3"),
             # so the ONNX values, outputs included, keep the names the exporter's capture gave them
-            copy = graph.create_node(
-                "call_function",
-                node.target,
-                torch.fx.map_arg(node.args, env.__getitem__),
-                torch.fx.map_arg(node.kwargs, env.__getitem__),
-                name=_traced_name(node),
-            )
+            copy = _copy_call(graph, node, env)
             copy.meta = dict(node.meta)
             if "nn_module_stack" not in copy.meta:
                 # convert's quantize / dequantize nodes: the module of the value they carry (the
@@ -258,13 +264,7 @@ def decompose_nodes(
             for sub in body:
                 if sub.op != "call_function":
                     continue
-                new = graph.create_node(
-                    "call_function",
-                    sub.target,
-                    torch.fx.map_arg(sub.args, env.__getitem__),
-                    torch.fx.map_arg(sub.kwargs, env.__getitem__),
-                    name=_traced_name(sub),
-                )
+                new = _copy_call(graph, sub, env)
                 new.meta = {k: v for k, v in node.meta.items() if k in ("nn_module_stack", "stack_trace")}
                 new.meta["val"] = sub.meta["val"]
                 env[sub] = new
