@@ -1,7 +1,12 @@
-"""Helpers shared by the test modules (fixtures stay in conftest.py)."""
+"""Helpers shared by the test modules (fixtures stay in conftest.py; :func:`exported_once_fixtures`
+makes a pair of fixtures a module binds to its own names)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+import pytest
 import torch
 from torch.fx import GraphModule
 
@@ -44,6 +49,54 @@ class Snapshot:
         out = [what for what in ("code", "meta", "nodes", "attrs") if getattr(now, what) != getattr(self, what)]
         out += [f"state {k!r}" for k, v in self.state.items() if not torch.equal(now.state.get(k, v + 1), v)]
         return out
+
+
+def exported_once_fixtures(
+    name: str,
+    make_model: Callable[[], torch.nn.Module],
+    make_args: Callable[[], tuple[Any, ...]],
+    seed: int | None = None,
+) -> tuple[Any, Any]:
+    """(module-scoped fixture, fixture ``name``) for a test module whose tests each exported the
+    same model: ``make_model()`` (after ``torch.manual_seed(seed)`` when given) exported with
+    ``make_args()`` once per module, handed to each test as ``name`` and checked unchanged
+    before and after it (a test that modifies it fails there). ``make_model()`` runs again
+    before each test, so the global RNG is left as each test's own export left it (the model is
+    cheap, the export is not). Bind both in the module: ``_once, caller =
+    exported_once_fixtures("caller", ...)``."""
+    once_name = f"_{name}_exported_once"
+
+    @pytest.fixture(scope="module", name=once_name)
+    def once() -> tuple[GraphModule, Snapshot]:
+        if seed is not None:
+            torch.manual_seed(seed)
+        model = make_model()
+        gm = torch.export.export(model, make_args()).module()
+        return gm, Snapshot.of(gm)
+
+    @pytest.fixture(name=name)
+    def each(request: pytest.FixtureRequest) -> Any:
+        gm, snapshot = request.getfixturevalue(once_name)
+        make_model()
+        assert not snapshot.differences(gm), snapshot.differences(gm)
+        yield gm
+        assert not snapshot.differences(gm), f"the test modified the exported model: {snapshot.differences(gm)}"
+
+    return once, each
+
+
+def count_code_generations(monkeypatch: pytest.MonkeyPatch) -> list[torch.fx.Graph]:
+    """From now on, each ``torch.fx.Graph.python_code`` call (a GraphModule generating its
+    Python code) appends its graph to the returned list (undone by ``monkeypatch``)."""
+    calls: list[torch.fx.Graph] = []
+    python_code = torch.fx.Graph.python_code
+
+    def counting(self: torch.fx.Graph, *args: Any, **kwargs: Any) -> Any:
+        calls.append(self)
+        return python_code(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.fx.Graph, "python_code", counting)
+    return calls
 
 
 def _messages(caught) -> list[str]:

@@ -9,7 +9,7 @@ import quantweave as qw
 from quantweave.observers import FakeQuantize, MinMaxObserver, ObserverBase
 from quantweave.testing.models import resnet18_like
 from quantweave.testing.reference import make_reference_quantizer
-from tests.helpers import assert_names, export
+from tests.helpers import assert_names, count_code_generations, export
 
 aten = torch.ops.aten
 KEY = "quantization_annotation"
@@ -365,11 +365,7 @@ def test_code_is_generated_when_first_needed_not_by_prepare_or_convert(monkeypat
     model = TwoReluCat().eval()
     x, y = torch.randn(1, 3, 8, 8), torch.randn(1, 3, 8, 8)
     gm = export(model, x, y)
-    calls = []
-    python_code = torch.fx.Graph.python_code
-    monkeypatch.setattr(
-        torch.fx.Graph, "python_code", lambda self, *a, **k: calls.append(1) or python_code(self, *a, **k)
-    )
+    calls = count_code_generations(monkeypatch)
     prepared = qw.prepare_pt2e(gm, make_reference_quantizer())
     assert calls == []  # a prepared model converted without running never pays for its code
     assert inspect.signature(prepared.forward) == inspect.signature(gm.forward)  # known without it

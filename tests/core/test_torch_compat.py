@@ -20,6 +20,7 @@ from torch.fx import Graph, GraphModule
 
 from quantweave._modules import torch_compat
 from quantweave._modules.graph import copy_graph_module
+from tests.helpers import count_code_generations
 
 SHIMS = "core/src/quantweave/_modules/torch_compat.py"
 
@@ -164,16 +165,9 @@ def test_lazy_graph_module_generates_code_on_first_call(monkeypatch):
         from torch.fx._lazy_graph_module import _LazyGraphModule
     except ImportError as exc:  # pragma: no cover - only on a torch that removed it
         pytest.fail(changed("torch.fx._lazy_graph_module._LazyGraphModule", "lazy_graph_module()", str(exc)))
-    calls = []
-    python_code = Graph.python_code
-
-    def counting(self, *args, **kwargs):
-        calls.append(self)
-        return python_code(self, *args, **kwargs)
-
     x = torch.randn(2, 3)
     exported = torch.export.export(Structured(), (x, {"y": x})).module()
-    monkeypatch.setattr(Graph, "python_code", counting)
+    calls = count_code_generations(monkeypatch)
     module = torch_compat.lazy_graph_module(exported, exported.graph)
     assert isinstance(module, _LazyGraphModule) and isinstance(module, GraphModule), changed(
         "torch.fx._lazy_graph_module._LazyGraphModule", "lazy_graph_module()", f"got a {type(module).__name__}"
@@ -188,17 +182,10 @@ def test_lazy_graph_module_generates_code_on_first_call(monkeypatch):
 def test_deferred_graph_module_is_a_graph_module_a_caller_can_use(monkeypatch):
     """What prepare / convert return: no code until first needed, then one generation; hooks
     once on the first call; forward's signature and _in_spec before any code; recompile() eager."""
-    calls = []
-    python_code = Graph.python_code
-
-    def counting(self, *args, **kwargs):
-        calls.append(self)
-        return python_code(self, *args, **kwargs)
-
     x = torch.randn(2, 3)
     exported = torch.export.export(Structured(), (x, {"y": x})).module()
     copied, _ = copy_graph_module(exported)
-    monkeypatch.setattr(Graph, "python_code", counting)
+    calls = count_code_generations(monkeypatch)
     module = torch_compat.deferred_graph_module(copied, copied.graph, exported)
     assert isinstance(module, GraphModule) and not calls
     assert inspect.signature(module.forward) == inspect.signature(exported.forward) and not calls

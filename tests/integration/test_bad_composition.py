@@ -10,7 +10,7 @@ import torch
 
 import quantweave as qw
 from quantweave_x86 import X86InductorQuantizer
-from tests.helpers import Snapshot, assert_names
+from tests.helpers import assert_names, exported_once_fixtures
 
 
 def _x86() -> X86InductorQuantizer:
@@ -75,21 +75,9 @@ class Net(torch.nn.Module):
 X = torch.randn(8, 4)
 
 
-@pytest.fixture(scope="module")
-def _exported_once():
-    torch.manual_seed(0)  # the weights each test's own export had (the autouse seed, then Net())
-    gm = torch.export.export(Net().eval(), (X,)).module()
-    return gm, Snapshot.of(gm)
-
-
-@pytest.fixture
-def caller(_exported_once):
-    """The caller's model, exported once for the module's tests, unchanged before and after each."""
-    Net()  # the global RNG left as the per-test export left it (the model is cheap, the export is not)
-    gm, snapshot = _exported_once
-    assert snapshot.differences(gm) == []
-    yield gm
-    assert snapshot.differences(gm) == []
+# the caller's model, exported once for the module's tests, unchanged before and after each; seed 0:
+# the weights each test's own export had (the autouse seed, then Net())
+_caller_once, caller = exported_once_fixtures("caller", lambda: Net().eval(), lambda: (X,), seed=0)
 
 
 #: (case, evaluate, exception, regex: names evaluate, the model it was called on and what it returned)

@@ -16,7 +16,7 @@ from quantweave.plugin_api import warn_unknown_modules
 from quantweave_embedding import EmbeddingQuantizer
 from quantweave_x86 import X86InductorQuantizer, get_default_x86_inductor_quantization_config
 from quantweave_xnnpack import XNNPACKQuantizer, get_symmetric_quantization_config
-from tests.helpers import Snapshot
+from tests.helpers import exported_once_fixtures
 
 
 class Block(torch.nn.Module):
@@ -42,21 +42,9 @@ class Net(torch.nn.Module):
 IDS = torch.randint(0, 16, (2, 5))
 
 
-@pytest.fixture(scope="module")
-def _exported_once():
-    torch.manual_seed(0)  # the weights each test's own export had (the autouse seed, then Net())
-    gm = torch.export.export(Net().eval(), (IDS,)).module()
-    return gm, Snapshot.of(gm)
-
-
-@pytest.fixture
-def caller(_exported_once):
-    """The caller's model, exported once for the module's tests, unchanged before and after each."""
-    Net()  # the global RNG left as the per-test export left it (the model is cheap, the export is not)
-    gm, snapshot = _exported_once
-    assert snapshot.differences(gm) == []
-    yield gm
-    assert snapshot.differences(gm) == []
+# the caller's model, exported once for the module's tests, unchanged before and after each; seed 0:
+# the weights each test's own export had (the autouse seed, then Net())
+_caller_once, caller = exported_once_fixtures("caller", lambda: Net().eval(), lambda: (IDS,), seed=0)
 
 
 XNN = get_symmetric_quantization_config()

@@ -14,7 +14,7 @@ from quantweave.testing.inspect import sqnr
 from quantweave.testing.reference import make_reference_quantizer
 from quantweave_x86 import X86InductorQuantizer
 from quantweave_xnnpack import XNNPACKQuantizer, get_symmetric_quantization_config
-from tests.helpers import Snapshot, assert_names
+from tests.helpers import assert_names, exported_once_fixtures
 
 aten = torch.ops.aten
 
@@ -68,21 +68,9 @@ def _xnnpack():
     return XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
 
 
-@pytest.fixture(scope="module")
-def _exported_once():
-    gm = torch.export.export(_net(), _data(1)[0]).module()
-    return gm, Snapshot.of(gm)
-
-
-@pytest.fixture
-def exported(_exported_once):
-    """The Net exported once for the module's tests (each used to export it again), checked
-    unchanged before and after each test: a test that modified it fails there."""
-    _net()  # the global RNG left as the per-test export left it (the model is cheap, the export is not)
-    gm, snapshot = _exported_once
-    assert not snapshot.differences(gm), snapshot.differences(gm)
-    yield gm
-    assert not snapshot.differences(gm), f"the test modified the exported model: {snapshot.differences(gm)}"
+# the Net exported once for the module's tests (each used to export it again), checked unchanged
+# before and after each test: a test that modified it fails there
+_exported_once, exported = exported_once_fixtures("exported", _net, lambda: _data(1)[0])
 
 
 QUANTIZERS = {
