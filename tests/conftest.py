@@ -37,3 +37,12 @@ def _node_sources_shared():
     from tests.executorch_speedups import node_sources_shared
 
     yield from node_sources_shared()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _lowering_speedups():
+    """GraphModule code generation deferred inside ExecuTorch's lowerings (tests/executorch_speedups.py)."""
+    from tests.executorch_speedups import lowering_speedups
+
+    with lowering_speedups() as stats:
+        yield stats

@@ -31,6 +31,8 @@ by every pass (~11 % of a lowering).
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Hashable, Iterator
@@ -135,3 +137,21 @@ def node_sources_shared() -> Iterator[None]:
         yield
     finally:
         delattr(NodeSource, DEEPCOPY)
+
+
+# -- the newer shortcuts, one switch ---------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def lowering_speedups() -> Iterator[dict]:
+    """Every newer lowering shortcut on for the block (each one off with its environment variable set to
+    0); yields their counts."""
+    from tests import _lowering_lazy, _lowering_memo
+
+    with contextlib.ExitStack() as stack:
+        if os.environ.get(_lowering_memo.ENV):  # first: the windows below wrap the counted function
+            stack.enter_context(_lowering_memo.counting(os.environ[_lowering_memo.ENV]))
+        stats: collections.Counter = collections.Counter()
+        if os.environ.get(_lowering_lazy.ENV) != "0":
+            stats = stack.enter_context(_lowering_lazy.installed())
+        yield stats
