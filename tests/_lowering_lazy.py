@@ -27,7 +27,6 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import torch
 from torch.fx import GraphModule
 from torch.fx.graph import _PyTreeCodeGen
 
@@ -141,7 +140,7 @@ def installed() -> Iterator[collections.Counter]:
     outer_stats, _state["stats"] = _state["stats"], collections.Counter()
 
     def setattr_saved(owner: Any, name: str, value: Any) -> None:
-        saved.append((owner, name, owner.__dict__[name] if name in owner.__dict__ else None))
+        saved.append((owner, name, owner.__dict__.get(name, None)))
         setattr(owner, name, value)
 
     setattr_saved(GraphModule, "recompile", _recompile)

@@ -3,6 +3,7 @@ inside a window until used, a stale module behaves and reads as an eagerly recom
 module is recompiled when the window closes, GraphModule and ExecuTorch's entry points are restored;
 lowered programs are byte-identical with and without it (marker ``executorch``)."""
 
+import contextlib
 import copy
 import pickle
 
@@ -123,3 +124,38 @@ def test_entry_points_open_a_window_and_are_restored():
         assert exir.to_edge_transform_and_lower is not before[0]
         assert exir.to_edge_transform_and_lower.__wrapped__ is before[0]
     assert (exir.to_edge_transform_and_lower, _program.to_edge, _program.EdgeProgramManager.to_executorch) == before
+
+
+@pytest.mark.executorch
+def test_lowered_programs_are_identical_with_and_without_deferred_recompiles(monkeypatch):
+    """The same .pte bytes with the session's deferred recompiles as with eager ones (GraphModule's
+    own ``recompile`` put back): a static-quantized Conv2d + Linear through quantweave_xnnpack, and the
+    same model in float. The zoo, tests/xnnpack and tests/executorch_plugin programs were checked the
+    same way by ``python -m tests._lowering_check``."""
+    pytest.importorskip("executorch.exir", reason="needs ExecuTorch 1.5.1 (tox -e executorch)")
+    import quantweave as qw
+    import quantweave_xnnpack as qx
+
+    class ConvLinear(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, 3)
+            self.linear = torch.nn.Linear(6, 4)
+
+        def forward(self, x):
+            return self.linear(self.conv(x).relu())
+
+    x = torch.randn(1, 3, 8, 8)
+    model = ConvLinear().eval()
+    prepared = qw.prepare_pt2e(torch.export.export(model, (x,)).module(), qx.XNNPACKQuantizer())
+    prepared(x)
+    converted = qw.convert_pt2e(prepared)
+    with contextlib.ExitStack() as stack:
+        if GraphModule.__dict__["recompile"] is not lazy._recompile:  # switched off for the session
+            stack.enter_context(lazy.installed())
+        stats = lazy._state["stats"]
+        before = stats["recompiles deferred"]
+        deferred = [qx.to_executorch(m, (x,)).buffer for m in (converted, model)]
+        assert stats["recompiles deferred"] > before, "the lowerings deferred recompiles"
+        monkeypatch.setattr(GraphModule, "recompile", lazy._ORIGINAL_RECOMPILE)
+        assert [qx.to_executorch(m, (x,)).buffer for m in (converted, model)] == deferred
