@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -41,7 +42,15 @@ ENTRY_POINTS = (
 )
 
 _ORIGINAL_RECOMPILE = GraphModule.recompile
-_state: dict[str, Any] = {"depth": 0, "stale": weakref.WeakSet(), "stats": collections.Counter()}
+#: the module of the entry points: not imported here (~6 s CPU), the windows are put in place by the first
+#: recompile after it was imported (every lowering exports first, which recompiles)
+ENTRY_MODULE = "executorch.exir.program._program"
+_state: dict[str, Any] = {"depth": 0, "stale": weakref.WeakSet(), "stats": collections.Counter(), "pending": None}
+
+
+def _install_entry_points_if_imported() -> None:
+    if _state["pending"] is not None and ENTRY_MODULE in sys.modules:
+        _state["pending"]()
 
 
 def _stale_forward(self: GraphModule, *args: Any, **kwargs: Any) -> Any:
@@ -75,6 +84,7 @@ class _PythonCodeOnDemand:
 
 
 def _recompile(self: GraphModule) -> Any:
+    _install_entry_points_if_imported()
     if not _state["depth"]:
         return _ORIGINAL_RECOMPILE(self)
     _state["stats"]["recompiles deferred"] += 1
@@ -131,37 +141,37 @@ def _windowed(function: Callable[..., Any]) -> Callable[..., Any]:
 @contextlib.contextmanager
 def installed() -> Iterator[collections.Counter]:
     """GraphModule's recompile made deferrable and its code readers realizing, and a window around each
-    of ExecuTorch's :data:`ENTRY_POINTS` (and every module that bound one by name), for the block; yields
-    the counts. Without ExecuTorch only GraphModule is patched (no window is ever opened)."""
-    import importlib
-    import sys
-
+    of ExecuTorch's :data:`ENTRY_POINTS` (and every module that bound one by name) once ExecuTorch is
+    imported, for the block; yields the counts. Without ExecuTorch no window is ever opened."""
     saved: list[tuple[Any, str, Any]] = []
     outer_stats, _state["stats"] = _state["stats"], collections.Counter()
+    outer_pending = _state["pending"]
 
     def setattr_saved(owner: Any, name: str, value: Any) -> None:
         saved.append((owner, name, owner.__dict__.get(name, None)))
         setattr(owner, name, value)
+
+    def entry_points() -> None:
+        _state["pending"] = None
+        for module_name, owner_name, name in ENTRY_POINTS:
+            module = sys.modules[module_name]
+            if owner_name:
+                owner = getattr(module, owner_name)
+                setattr_saved(owner, name, _windowed(owner.__dict__[name]))
+                continue
+            original = getattr(module, name)
+            windowed = _windowed(original)
+            for other in list(sys.modules.values()):
+                if getattr(other, "__dict__", {}).get(name) is original:
+                    setattr_saved(other, name, windowed)
 
     setattr_saved(GraphModule, "recompile", _recompile)
     code = GraphModule.__dict__["code"]
     setattr_saved(GraphModule, "code", property(_realizing(code.fget)))
     for name in _READERS:
         setattr_saved(GraphModule, name, _realizing(GraphModule.__dict__[name]))
-    for module_name, owner_name, name in ENTRY_POINTS:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        if owner_name:
-            owner = getattr(module, owner_name)
-            setattr_saved(owner, name, _windowed(owner.__dict__[name]))
-            continue
-        original = getattr(module, name)
-        windowed = _windowed(original)
-        for other in list(sys.modules.values()):
-            if getattr(other, "__dict__", {}).get(name) is original:
-                setattr_saved(other, name, windowed)
+    _state["pending"] = entry_points
+    _install_entry_points_if_imported()
     try:
         yield _state["stats"]
     finally:
@@ -170,4 +180,4 @@ def installed() -> Iterator[collections.Counter]:
                 delattr(owner, name)
             else:
                 setattr(owner, name, value)
-        _state["stats"] = outer_stats
+        _state["stats"], _state["pending"] = outer_stats, outer_pending
