@@ -7,7 +7,9 @@ Counted (calls through these names, as the zoo and the plugins make them):
 ``torch.export.export``; ``quantweave.prepare_pt2e`` / ``convert_pt2e`` and torchao's; inductor
 compiles (``GraphLowering.compile_to_module``); ExecuTorch's ``to_edge_transform_and_lower`` and
 ``EdgeProgramManager.to_executorch``; program loads on the ExecuTorch runtime. Without the
-variable nothing is patched.
+variable nothing is patched. The last lines give the process's own CPU and its children's
+(``children``: the processes it waited for, inductor's g++ kernel compiles, which the per-step
+figures do not include: 140 of 523 CPU s of the env with a cold inductor cache, measured).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import collections
 import functools
 import importlib
+import resource
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,7 +54,9 @@ def _counted(function: Any, name: str, calls: collections.Counter, seconds: coll
 
 def render(calls: collections.Counter, seconds: collections.Counter) -> str:
     lines = [f"{name}\t{calls[name]}\t{seconds[name]:.1f}" for name in sorted(calls)]
-    return "step\tcalls\tCPU s (inclusive)\n" + "\n".join(lines) + f"\nprocess\t-\t{time.process_time():.1f}\n"
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    lines += [f"process\t-\t{time.process_time():.1f}", f"children\t-\t{children.ru_utime + children.ru_stime:.1f}"]
+    return "step\tcalls\tCPU s (inclusive)\n" + "\n".join(lines) + "\n"
 
 
 def counting(path: str) -> Iterator[tuple[collections.Counter, collections.Counter]]:
