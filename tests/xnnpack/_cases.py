@@ -78,10 +78,71 @@ def ours_flow(model_name: str, config_name: str) -> tuple[Any, Any]:
     return run_flow(MODELS[model_name](), config, quantizer)
 
 
+@functools.cache
+def peer_flow(model_name: str, config_name: str) -> tuple[Any, Any]:
+    """ExecuTorch 1.5.1's XNNPACKQuantizer with torchao 0.18's prepare / convert on the same case:
+    (prepared, converted), made once per session (the parity and hosting tests only read them)."""
+    from executorch.backends.xnnpack.quantizer import xnnpack_quantizer as xq
+    from torchao.quantization.pt2e import move_exported_model_to_eval
+    from torchao.quantization.pt2e import quantize_pt2e as ao
+
+    config = CONFIGS[config_name]
+    quantizer = xq.XNNPACKQuantizer().set_global(xq.get_symmetric_quantization_config(**config))
+    return run_flow(
+        MODELS[model_name](),
+        config,
+        quantizer,
+        prepare=ao.prepare_pt2e,
+        prepare_qat=ao.prepare_qat_pt2e,
+        convert=ao.convert_pt2e,
+        to_eval=move_exported_model_to_eval,
+    )
+
+
 def ours(model_name: str, config_name: str) -> tuple[Any, tuple[torch.Tensor, ...]]:
     """quantweave-xnnpack's converted model (cached: tests only read it) and its inputs."""
     _, converted = ours_flow(model_name, config_name)
     return converted, example_inputs(MODELS[model_name](), CONFIGS[config_name])
+
+
+def _structure(value: Any, index: dict[torch.fx.Node, int]) -> Any:
+    if isinstance(value, torch.fx.Node):
+        return ("node", index[value])
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_structure(v, index) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((k, _structure(v, index)) for k, v in value.items()))
+    return ("value", repr(value))
+
+
+def _constant(gm: torch.nn.Module, dotted: str) -> tuple[Any, ...]:
+    value: Any = gm
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    if not isinstance(value, torch.Tensor):  # a submodule: by its class
+        return ("module", type(value).__qualname__)
+    data = value.detach().reshape(-1).contiguous()
+    return (value.dtype, tuple(value.shape), bytes(data.view(torch.uint8).numpy()) if data.numel() else b"")
+
+
+def graph_structure(gm: torch.fx.GraphModule) -> list[tuple[Any, ...]]:
+    """The graph up to node and attribute names: each node's kind, target (a get_attr: the
+    constant's dtype, shape and bytes), arguments (other nodes by position) and the input /
+    output pytree specs. Two converted models with equal structures compute the same thing and
+    lower to the same program (ExecuTorch reads the graph and the constants, not their names):
+    a parity test that finds them equal lowers one of them (issue #23)."""
+    index: dict[torch.fx.Node, int] = {}
+    out: list[tuple[Any, ...]] = [(repr(getattr(gm, "_in_spec", None)), repr(getattr(gm, "_out_spec", None)))]
+    for i, node in enumerate(gm.graph.nodes):
+        index[node] = i
+        if node.op == "get_attr":
+            target: Any = _constant(gm, str(node.target))
+        elif node.op in ("placeholder", "output"):
+            target = node.op
+        else:
+            target = str(node.target)
+        out.append((node.op, target, _structure(node.args, index), _structure(node.kwargs, index)))
+    return out
 
 
 def output_step(converted: Any) -> float | None:

@@ -1,7 +1,9 @@
 """Peer parity: quantweave-xnnpack against ExecuTorch 1.5.1's XNNPACKQuantizer (with
 torchao 0.18's prepare/convert), tox env ``xnnpack``.
 
-Same model, same config, same calibration, fresh exports on both sides. After
+Same model, same config, same calibration, fresh exports on both sides (each side's flow of the
+three models made once per session: _cases.ours_flow / peer_flow, shared with the runtime and
+hosting tests). After
 post-training quantization (static per-tensor, static per-channel, dynamic): the same
 annotations (every annotated compute node: each input edge's spec and the output spec),
 the same q/dq decisions (scales, zero points, axes, ranges per consumer edge) and
@@ -38,7 +40,7 @@ from quantweave.testing import models
 from quantweave.testing.inspect import qdq_summary
 from tests.helpers import spec_key
 
-from ._cases import CONFIGS, MODELS, example_inputs, ours_flow, run_flow
+from ._cases import CONFIGS, MODELS, example_inputs, ours_flow, peer_flow, run_flow
 
 pytestmark = pytest.mark.executorch
 xq = pytest.importorskip(
@@ -59,7 +61,7 @@ def peer_quantizer(**config):
     return xq.XNNPACKQuantizer().set_global(xq.get_symmetric_quantization_config(**config))
 
 
-def peer_flow(model, config, quantizer):
+def peer_run(model, config, quantizer):
     return run_flow(
         model,
         config,
@@ -99,7 +101,7 @@ PTQ = [(m, c) for m in MODELS for c in CONFIGS if c != "qat"]
 def test_same_annotations_qparams_and_outputs(model_name, config_name):
     config = CONFIGS[config_name]
     prepared, converted = ours_flow(model_name, config_name)  # the runtime tests' models, made once
-    peer_prepared, peer_converted = peer_flow(MODELS[model_name](), config, peer_quantizer(**config))
+    peer_prepared, peer_converted = peer_flow(model_name, config_name)  # shared with test_hosting_executorch
     ours_ann, peer_ann = annotations(prepared), annotations(peer_prepared)
     assert len(ours_ann) >= (1 if config.get("is_dynamic") else 4)  # dynamic: the decoder's last conv only
     assert ours_ann == peer_ann
@@ -110,9 +112,10 @@ def test_same_annotations_qparams_and_outputs(model_name, config_name):
     assert torch.equal(out, ref), f"max abs difference {(out - ref).abs().max().item()}"
 
 
+#: the QAT cases: the runtime tests' MobileNet-like model (two blocks, every op kind; _cases.MODELS) and
+#: transformer block, per-channel, made once per session on both sides (_cases.ours_flow / peer_flow)
+QAT_SHARED = ("mobilenet_v2", "transformer_block")
 QAT_CASES = {
-    "mobilenet_v2": (lambda: models.mobilenet_v2_like(), {"is_qat": True, "is_per_channel": True}),
-    "transformer_block": (lambda: models.encoder_block(), {"is_qat": True, "is_per_channel": True}),
     # per-tensor, without batch norm: no intended difference applies (7 and 8 are asserted below)
     "conv_transpose_decoder": (
         lambda: models.conv_transpose_decoder(bn=False),
@@ -121,18 +124,24 @@ QAT_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(QAT_CASES))
+@pytest.mark.parametrize("name", sorted((*QAT_SHARED, *QAT_CASES)))
 def test_qat_same_qparams_and_outputs(name):
-    factory, config = QAT_CASES[name]
-    torch.manual_seed(0)
-    _, converted = run_flow(factory(), config, ours_quantizer(**config))
-    torch.manual_seed(0)
-    _, peer_converted = peer_flow(factory(), config, peer_quantizer(**config))
+    if name in QAT_SHARED:
+        config = CONFIGS["qat"]
+        _, converted = ours_flow(name, "qat")
+        _, peer_converted = peer_flow(name, "qat")
+        inputs = example_inputs(MODELS[name](), config)
+    else:
+        factory, config = QAT_CASES[name]
+        torch.manual_seed(0)
+        _, converted = run_flow(factory(), config, ours_quantizer(**config))
+        torch.manual_seed(0)
+        _, peer_converted = peer_run(factory(), config, peer_quantizer(**config))
+        inputs = example_inputs(factory(), config)
     ours, theirs = qdq_summary(converted), qdq_summary(peer_converted)
     assert len(ours) >= 8
     assert sorted(map(repr, ours.values())) == sorted(map(repr, theirs.values()))
     assert not any(n.target == aten.batch_norm.default for n in converted.graph.nodes)
-    inputs = example_inputs(factory(), config)
     out, ref = converted(*inputs), peer_converted(*inputs)
     assert torch.equal(out, ref), f"max abs difference {(out - ref).abs().max().item()}"
 
@@ -151,16 +160,15 @@ def _weight_axes(converted, target):
 def test_difference_7_qat_per_channel_conv_transpose_axis():
     config = {"is_qat": True, "is_per_channel": True}
     _, converted = run_flow(models.conv_transpose_decoder(bn=False), config, ours_quantizer(**config))
-    _, peer_converted = peer_flow(models.conv_transpose_decoder(bn=False), config, peer_quantizer(**config))
+    _, peer_converted = peer_run(models.conv_transpose_decoder(bn=False), config, peer_quantizer(**config))
     assert _weight_axes(converted, aten.conv_transpose2d.input) == {1}
     assert _weight_axes(peer_converted, aten.conv_transpose2d.input) == {0}
     assert _weight_axes(converted, aten.conv2d.default) == _weight_axes(peer_converted, aten.conv2d.default) == {0}
 
 
 def test_qat_conv_transpose_batch_norm_is_folded_as_the_peer_folds_it():
-    config = CONFIGS["qat"]
-    _, converted = run_flow(models.conv_transpose_decoder(), config, ours_quantizer(**config))
-    _, peer_converted = peer_flow(models.conv_transpose_decoder(), config, peer_quantizer(**config))
+    _, converted = ours_flow("conv_transpose_decoder", "qat")  # models.conv_transpose_decoder(), CONFIGS["qat"]
+    _, peer_converted = peer_flow("conv_transpose_decoder", "qat")
 
     def batch_norms(gm):
         return sum(n.target == aten.batch_norm.default for n in gm.graph.nodes)
