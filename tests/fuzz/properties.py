@@ -73,8 +73,8 @@ def _base_name(label: str) -> str:
 def export(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], dynamic: Any) -> GraphModule:
     """``torch.export.export(model, inputs, dynamic_shapes=dynamic).module()``, the export traced with
     torch's lazy graph modules (issue #23: the export is most of the fuzz env's CPU, and it generates
-    and compiles the Python code of ~10 intermediate graph modules, of which none is run; lazily, the
-    code is generated only where a module is run). ``.module()`` is called outside that mode: the flows
+    and compiles the Python code of intermediate graph modules that are never run; lazily, 5 code
+    generations per export instead of 10). ``.module()`` is called outside that mode: the flows
     get an ordinary GraphModule, with the same code, state and node meta as without it (checked on 150
     generated programs), and the export itself (tracing, fake tensors, decompositions) is unchanged."""
     with _use_lazy_graph_module(True):
