@@ -1,16 +1,19 @@
 """Run tox environments N at a time (default 2, one per core) and say what happens as it happens.
 
-    python .ci/parallel.py [-p N] [-e ENV,ENV...] [--logs DIR]
+    python .ci/parallel.py [-p N] [-e ENV,ENV...] [--logs DIR] [--durations FILE]
 
 Every env of tox's default envlist (``tox -l``) is run as its own ``tox -e ENV`` process, its output
-written to ``DIR/ENV.log`` (default ``.tox/ci-logs``). Envs start longest first (tox.ini's envlist
-order), so the short ones fill in beside the long ones. Printed, a line each: when an env starts, when
-it ends (duration, OK / FAILED and its pytest summary), a heartbeat every minute naming what runs; at
-the end a table (env, start, end, duration, the env's set-up as tox reports it, the CPU time of the env's
-processes and that CPU time over the duration, result), the wall time with the load average, how busy the
-cores were (every env's CPU time over wall time x cores: well under 100 % means slots sat idle, e.g. in
-set-up, and a third slot could help; near 100 % means it cannot), each failed env's last lines, and the
-tests of every env added up. Exit status: 0 when every env passed.
+written to ``DIR/ENV.log`` (default ``.tox/ci-logs``). Envs start longest first, so the short ones fill
+in beside the long ones: longest by the durations of an earlier run in ``.ci/durations.txt`` (``ENV
+SECONDS`` a line; ``--durations FILE`` names another), an env without a figure first of all (it may be
+long), ties and unknown envs in tox.ini's envlist order. Each run writes its own ``DIR/durations.txt``:
+copy it over ``.ci/durations.txt`` (from a quiet machine) when envs have grown or shrunk.
+Printed, a line each: when an env starts, when it ends (duration, OK / FAILED and its pytest summary), a
+heartbeat every minute naming what runs; at the end a table (env, start, end, duration, the env's set-up as
+tox reports it, the CPU time of the env's processes and that CPU time over the duration, result), the wall
+time with the load average, how busy the cores were (every env's CPU time over wall time x cores: well under
+100 % means slots sat idle, e.g. in set-up, and a third slot could help; near 100 % means it cannot), each
+failed env's last lines, and the tests of every env added up. Exit status: 0 when every env passed.
 Standard library only: it runs with the interpreter tox is installed in (POSIX: os.wait4).
 """
 
@@ -26,6 +29,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+#: each env's duration in an earlier CI run, "ENV SECONDS" a line: the order envs start in
+DURATIONS = ROOT / ".ci" / "durations.txt"
 #: pytest's closing line, e.g. "==== 1229 passed, 3 skipped, 2 xfailed in 401.2s ===="
 SUMMARY = re.compile(r"^=+ (?P<body>(?:\d+ \w+(?:, )?)+) in [\d.]+s")
 COUNT = re.compile(r"(\d+) (\w+)")
@@ -73,6 +78,39 @@ def tox_setup(log: Path) -> float | None:
     return None
 
 
+def read_durations(path: Path) -> dict[str, float]:
+    """``ENV SECONDS`` a line (``#`` starts a comment); no file, no figures."""
+    if not path.is_file():
+        return {}
+    found: dict[str, float] = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            found[parts[0]] = float(parts[1])
+        except ValueError:
+            raise SystemExit(f"{path}:{number}: expected 'ENV SECONDS', got {line!r}") from None
+    return found
+
+
+def longest_first(envs: list[str], durations: dict[str, float]) -> list[str]:
+    """Envs without a figure first (in the given order: they may be long), then the others by their
+    figure, longest first (ties in the given order): with N slots, the short envs fill in last."""
+    position = {env: i for i, env in enumerate(envs)}
+    return sorted(envs, key=lambda env: (env in durations, -durations.get(env, 0.0), position[env]))
+
+
+def write_durations(path: Path, jobs: list[Job]) -> None:
+    lines = [f"{job.env} {job.end - job.start:.0f}" for job in sorted(jobs, key=lambda j: j.start - j.end)]
+    path.write_text(
+        "# each env's duration in seconds (.ci/parallel.py; the order envs start in)\n" + "\n".join(lines) + "\n"
+    )
+
+
 class Job:
     def __init__(self, env: str, logs: Path, tox: list[str]) -> None:
         self.env, self.log, self.tox = env, logs / f"{env}.log", tox
@@ -103,6 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-p", "--parallel", type=int, default=2, help="envs at a time (default 2)")
     parser.add_argument("-e", "--envs", help="comma-separated envs (default: tox's envlist)")
     parser.add_argument("--logs", type=Path, default=ROOT / ".tox" / "ci-logs")
+    parser.add_argument(
+        "--durations",
+        type=Path,
+        default=DURATIONS,
+        help="earlier durations, 'ENV SECONDS' a line (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     tox = [sys.executable, "-m", "tox"]
     if args.envs:
@@ -110,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         listed = subprocess.run([*tox, "-l"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
         envs = [line.strip() for line in listed.splitlines() if line.strip()]
+    envs = longest_first(envs, read_durations(args.durations))
     args.logs.mkdir(parents=True, exist_ok=True)
     jobs = [Job(env, args.logs, tox) for env in envs]
     began = time.time()
@@ -136,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             say(f"running {busy}; {len(jobs) - len(waiting) - len(running)} of {len(jobs)} done ({load()})")
 
     wall = time.time() - began
+    write_durations(args.logs / "durations.txt", jobs)
     print(f"\n{'env':<12} {'start':>8} {'end':>8} {'duration':>9} {'set-up':>7} {'CPU':>8} {'CPU/dur':>7}  result")
     for job in jobs:
         took, setup = job.end - job.start, tox_setup(job.log)

@@ -5,6 +5,8 @@ examples, or one a dependency raises because of what we give it (inductor's
 ``mkldnn_lowerings`` copy-construct warning, caused by int64 weight zero points)."""
 
 import importlib.util
+import json
+import re
 import subprocess
 import sys
 import warnings
@@ -34,17 +36,55 @@ def ours(record: warnings.WarningMessage) -> bool:
     return str(Path(record.filename).resolve()).startswith(_folders()) or "mkldnn_lowerings" in record.filename
 
 
-@pytest.mark.parametrize("argv", [["--version"], ["plugins"], ["capabilities", "--plugin", "x86"]])
-def test_the_cli_runs_under_w_error(argv, tmp_path):
+CLI_COMMANDS = (("--version",), ("plugins",), ("capabilities", "--plugin", "x86"))
+#: one interpreter runs every command (torch imported once, not once per command): ``-m quantweave``'s
+#: ``main``, its exit status and a marker line on stderr before each command, so each test reads its own part
+_CLI_RUNNER = """
+import json, sys, traceback
+from quantweave.cli import main
+codes = []
+for argv in json.loads(sys.argv[1]):
+    sys.stdout.flush()
+    print("@@ command", len(codes), file=sys.stderr, flush=True)
+    try:
+        codes.append(main(argv))
+    except SystemExit as exit:
+        codes.append(exit.code)
+    except Exception:  # a warning made an error by -W error: this command fails, the next ones still run
+        traceback.print_exc()
+        codes.append("raised")
+    sys.stdout.flush()
+    sys.stderr.flush()
+print("@@ codes", json.dumps(codes), file=sys.stderr, flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def cli_under_w_error(tmp_path_factory) -> tuple[list, list[str]]:
+    """Every command of :data:`CLI_COMMANDS` under ``-W error`` in one interpreter: (exit statuses, the
+    stderr of each command: what came before its marker, the imports, is in the first)."""
     proc = subprocess.run(
-        [sys.executable, "-W", "error", "-m", "quantweave", *argv],
+        [sys.executable, "-W", "error", "-c", _CLI_RUNNER, json.dumps(CLI_COMMANDS)],
         capture_output=True,
         text=True,
-        cwd=tmp_path,
+        cwd=tmp_path_factory.mktemp("cli"),
         timeout=300,
     )
-    assert proc.returncode == 0, proc.stderr
-    assert "Warning" not in proc.stderr, proc.stderr
+    parts = re.split(r"^@@ command \d+\n", proc.stderr, flags=re.M)
+    parts = [parts[0] + parts[1], *parts[2:]] if len(parts) > 1 else parts
+    codes_line = re.search(r"^@@ codes (.*)$", parts[-1], re.M)
+    assert proc.returncode == 0 and codes_line is not None, proc.stderr
+    parts[-1] = parts[-1][: codes_line.start()]
+    codes = json.loads(codes_line[1])
+    assert len(codes) == len(parts) == len(CLI_COMMANDS), proc.stderr
+    return codes, parts
+
+
+@pytest.mark.parametrize("command", range(len(CLI_COMMANDS)), ids=[c[0].lstrip("-") for c in CLI_COMMANDS])
+def test_the_cli_runs_under_w_error(command, cli_under_w_error):
+    codes, stderr = cli_under_w_error
+    assert codes[command] == 0, (CLI_COMMANDS[command], stderr[command])
+    assert "Warning" not in stderr[command], (CLI_COMMANDS[command], stderr[command])
 
 
 def test_the_readme_flow_with_x86_lowering_warns_nothing_of_ours(tmp_path):
