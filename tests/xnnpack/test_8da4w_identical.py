@@ -92,11 +92,11 @@ def _workers() -> list[str]:
 def test_8da4w_converts_to_the_same_bytes_on_a_worker_thread(exported, two_threads, monkeypatch):
     from quantweave import convert as convert_module
 
-    ran_in: list[str] = []
+    ran_in: list[tuple[str, int]] = []
     quantize = convert_module._quantize_folded
 
     def recording(*args):
-        ran_in.append(threading.current_thread().name)
+        ran_in.append((threading.current_thread().name, torch.get_num_threads()))
         return quantize(*args)
 
     monkeypatch.setattr(convert_module, "_quantize_folded", recording)
@@ -104,7 +104,9 @@ def test_8da4w_converts_to_the_same_bytes_on_a_worker_thread(exported, two_threa
     prepared = _prepared(exported[0])
     assert digest(qw.convert_pt2e(prepared)) == CONVERTED[(None, False)]
     assert digest(prepared) == PREPARED  # the caller's prepared model is unchanged
-    assert ran_in and all(name.startswith("quantweave-convert") for name in ran_in)
+    assert any(name.startswith("quantweave-convert") for name, _ in ran_in)  # (the caller's thread helps)
+    assert all(threads == 1 for _, threads in ran_in)  # 2 threads at work, each op on one of them
+    assert torch.get_num_threads() == 2  # the caller's thread has its setting back
     assert _workers() == []  # joined before convert returned
 
 

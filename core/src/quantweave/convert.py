@@ -51,7 +51,7 @@ from ._modules.prepare_rules import map_subgraphs
 from ._modules.qat_conv_bn import fold_simulated_conv_bn
 from ._modules.qtypes import dtype_range, integer_dtype, is_integer_dtype, is_per_channel
 from ._modules.reference_repr import to_reference_representation
-from ._modules.tensor_work import Handle, TensorWork
+from ._modules.tensor_work import Handle, PerThread, TensorWork
 from ._modules.torch_compat import quantized_decomposed_ops
 from .annotation import PER_TOKEN_RANGE
 from .errors import ConvertError, ObserverNotCalibratedError
@@ -155,7 +155,7 @@ def convert_pt2e(
     folded_inputs: list[Node] = []
     # one observer module may sit at several nodes (sharing); its qparams are computed once
     qparams_cache: dict[int, tuple[Any, Any]] = {}
-    workspace = new_workspace()  # every weight is quantized in this one block buffer
+    workspace = PerThread(new_workspace)  # each thread quantizes every weight it takes in one block buffer
     hook_nodes: list[Node] = []
     # the weights' min/max and quantize run on a worker thread while this one rewrites the graph
     # (with one intra-op thread: at once, in this thread); their buffers are filled in before
@@ -411,7 +411,9 @@ _PENDING = torch.empty(0, dtype=torch.int8)  # a quantized weight's buffer until
 
 def _quantize_folded(q_op: Any, weight: Any, values: tuple[Any, ...], workspace: Any, group_observer: Any) -> Any:
     """The quantized constant (``group_observer``: the observer of a group-wise weight,
-    which may prove it NaN-free)."""
+    which may prove it NaN-free; ``workspace``: a block buffer, or one per thread)."""
+    if isinstance(workspace, PerThread):
+        workspace = workspace.get()
     nan_free = group_observer is not None and observed_nan_free(group_observer, weight)
     return quantize_weight(q_op, weight, values, workspace, nan_free=nan_free)
 
