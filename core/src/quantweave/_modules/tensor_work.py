@@ -111,7 +111,7 @@ class TensorWork:
 
     def __init__(self, threads: int | None = None) -> None:
         threads = torch.get_num_threads() if threads is None else threads
-        self._omp = _omp() if threads > 1 else None
+        self._omp: Any = _omp() if threads > 1 else None
         self.concurrent = self._omp is not None
         self._queue: deque[Handle] = deque()
         self._changed = threading.Condition()
