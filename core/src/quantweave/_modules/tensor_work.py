@@ -64,11 +64,11 @@ class Handle:
     """The result of one submitted task: :meth:`result` waits for it (running queued tasks
     meanwhile), then returns it or raises the task's exception in the caller's thread."""
 
-    __slots__ = ("_args", "_done", "_error", "_fn", "_value", "_work")
+    __slots__ = ("_args", "_done", "_error", "_fn", "_started", "_value", "_work")
 
     def __init__(self, work: TensorWork | None, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         self._work, self._fn, self._args = work, fn, args
-        self._done = False
+        self._started = self._done = False
         self._value: Any = None
         self._error: BaseException | None = None
 
@@ -137,7 +137,11 @@ class TensorWork:
     def _take(self) -> Handle | None:
         """The oldest queued task (taken off the queue), or None."""
         with self._changed:
-            return self._queue.popleft() if self._queue else None
+            if not self._queue:
+                return None
+            handle = self._queue.popleft()
+            handle._started = True
+            return handle
 
     def _finish(self, handle: Handle) -> None:
         handle._run()
@@ -154,6 +158,7 @@ class TensorWork:
                 if not self._queue:
                     return
                 handle = self._queue.popleft()
+                handle._started = True
             self._finish(handle)
 
     def _wait(self, handle: Handle) -> None:
@@ -161,7 +166,7 @@ class TensorWork:
         before = self._omp.omp_get_max_threads()
         try:
             while not handle._done:
-                if self._closed:
+                if self._closed and not handle._started:
                     raise RuntimeError("quantweave: a task was dropped before it ran (its TensorWork was closed)")
                 task = self._take()
                 if task is not None:
