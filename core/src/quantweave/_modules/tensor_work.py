@@ -2,16 +2,15 @@
 
 Convert has two kinds of work: the graph rewrite (Python: nodes, buffers, names; it holds
 the GIL) and the per-weight tensor work (observers' min/max of the constants, quantizing
-them: torch ops, which release the GIL while they run). With ``n = torch.get_num_threads()
-> 1`` intra-op threads, :class:`TensorWork` runs the tensor work on ``n - 1`` worker
-threads while the caller's thread goes on with the graph; a caller waiting for a result
-(:meth:`Handle.result`) runs queued tasks itself meanwhile. Every thread running tasks runs
-its ops on one intra-op thread (OpenMP's per-thread setting, restored in the caller's
-thread after each task), so no more than ``n`` threads compute at once: the ``n`` threads
-torch was told to use, working on ``n`` weights (or on the graph) at a time instead of
-splitting each op. With one thread, or where torch's intra-op threads are not OpenMP's,
-each task runs at once in the caller's thread, in the order submitted (as before: nothing
-is started, nothing gets slower).
+them: torch ops, which release the GIL while they run). With ``torch.get_num_threads() > 1``
+:class:`TensorWork` runs the tensor work on one worker thread, in the order submitted, its
+ops on torch's intra-op threads as any op's, while the caller's thread goes on with the
+graph and then waits. With one thread each task runs at once in the caller's thread, in the
+order submitted (as before: nothing is started, nothing gets slower).
+
+Measured at load 8 on 2 cores (8da4w convert, CPU per convert, 2 threads): this 70-78 ms;
+``n`` workers each on one intra-op thread (OpenMP's per-thread setting) 300-320 ms, the
+caller's idle OpenMP thread spinning; everything in the caller's thread (before) 1950-2020 ms.
 
 - The same functions run on the same values, so every result is the one computed in the
   caller's thread alone (tasks share nothing they write: ``per_thread`` gives each thread
@@ -24,7 +23,6 @@ is started, nothing gets slower).
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -36,33 +34,9 @@ import torch
 __all__ = ["Handle", "PerThread", "TensorWork"]
 
 
-def _openmp() -> Any:
-    """The process's OpenMP runtime (``omp_set_num_threads`` / ``omp_get_max_threads``,
-    which act on the calling thread) when torch's intra-op threads are OpenMP's, else None."""
-    if "OpenMP" not in torch.__config__.parallel_info().split("parallel backend:", 1)[-1].split("\n", 1)[0]:
-        return None  # pragma: no cover - a torch built with native / TBB threads
-    try:
-        library = ctypes.CDLL(None)
-        set_threads, get_threads = library.omp_set_num_threads, library.omp_get_max_threads
-    except (AttributeError, OSError):  # pragma: no cover - symbols not visible
-        return None
-    set_threads.argtypes, set_threads.restype = [ctypes.c_int], None
-    get_threads.argtypes, get_threads.restype = [], ctypes.c_int
-    return library
-
-
-_OPENMP: list[Any] = []  # [library or None], looked up on first use
-
-
-def _omp() -> Any:
-    if not _OPENMP:
-        _OPENMP.append(_openmp())
-    return _OPENMP[0]
-
-
 class Handle:
-    """The result of one submitted task: :meth:`result` waits for it (running queued tasks
-    meanwhile), then returns it or raises the task's exception in the caller's thread."""
+    """The result of one submitted task: :meth:`result` waits for it, then returns it or
+    raises the task's exception in the caller's thread."""
 
     __slots__ = ("_args", "_done", "_error", "_fn", "_started", "_value", "_work")
 
@@ -106,19 +80,18 @@ class PerThread:
 
 
 class TensorWork:
-    """Runs submitted tensor work on ``threads - 1`` workers (default
-    ``torch.get_num_threads()``), each op on one intra-op thread, or at once with one."""
+    """Runs submitted tensor work on one worker thread when torch uses more than one
+    intra-op thread (``threads``, default ``torch.get_num_threads()``), else at once."""
 
     def __init__(self, threads: int | None = None) -> None:
         threads = torch.get_num_threads() if threads is None else threads
-        self._omp: Any = _omp() if threads > 1 else None
-        self.concurrent = self._omp is not None
+        self.concurrent = threads > 1
         self._queue: deque[Handle] = deque()
         self._changed = threading.Condition()
         self._closed = False
         self._workers = [
             threading.Thread(target=self._serve, name=f"quantweave-convert-{i}", daemon=True)
-            for i in range(threads - 1 if self.concurrent else 0)
+            for i in range(1 if self.concurrent else 0)
         ]
         for worker in self._workers:
             worker.start()
@@ -134,23 +107,12 @@ class TensorWork:
             self._changed.notify_all()
         return handle
 
-    def _take(self) -> Handle | None:
-        """The oldest queued task (taken off the queue), or None."""
-        with self._changed:
-            if not self._queue:
-                return None
-            handle = self._queue.popleft()
-            handle._started = True
-            return handle
-
     def _finish(self, handle: Handle) -> None:
         handle._run()
         with self._changed:
             self._changed.notify_all()
 
     def _serve(self) -> None:
-        torch.get_num_threads()  # torch sets this thread's OpenMP threads on first use: before ours
-        self._omp.omp_set_num_threads(1)
         while True:
             with self._changed:
                 while not self._queue and not self._closed:
@@ -162,22 +124,12 @@ class TensorWork:
             self._finish(handle)
 
     def _wait(self, handle: Handle) -> None:
-        """Until ``handle`` is done, run queued tasks here (one intra-op thread, as the workers)."""
-        before = self._omp.omp_get_max_threads()
-        try:
+        """Until ``handle`` is done."""
+        with self._changed:
             while not handle._done:
                 if self._closed and not handle._started:
                     raise RuntimeError("quantweave: a task was dropped before it ran (its TensorWork was closed)")
-                task = self._take()
-                if task is not None:
-                    self._omp.omp_set_num_threads(1)
-                    self._finish(task)
-                    continue
-                with self._changed:
-                    if not handle._done and not self._queue:
-                        self._changed.wait()
-        finally:
-            self._omp.omp_set_num_threads(before)
+                self._changed.wait()
 
     def close(self) -> None:
         with self._changed:
