@@ -82,3 +82,19 @@ def test_per_thread_objects():
     thread.start()
     thread.join()
     assert other[0] is not mine
+
+
+def test_a_dispatch_mode_of_the_caller_keeps_the_work_in_its_thread():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: list[object] = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Record(), TensorWork(threads=2) as work:
+        assert not work.concurrent  # a worker thread would not see the mode
+        work.submit(torch.ones(3).add, 1).result()
+    assert seen

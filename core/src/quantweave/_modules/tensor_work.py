@@ -6,7 +6,9 @@ them: torch ops, which release the GIL while they run). With ``torch.get_num_thr
 :class:`TensorWork` runs the tensor work on one worker thread, in the order submitted, its
 ops on torch's intra-op threads as any op's, while the caller's thread goes on with the
 graph and then waits. With one thread each task runs at once in the caller's thread, in the
-order submitted (as before: nothing is started, nothing gets slower).
+order submitted (as before: nothing is started, nothing gets slower); so do they when the
+caller's thread has a torch dispatch / function mode, inference mode or autocast on, which a
+worker thread would not see.
 
 Measured at load 8 on 2 cores (8da4w convert, CPU per convert, 2 threads): this 70-78 ms;
 ``n`` workers each on one intra-op thread (OpenMP's per-thread setting) 300-320 ms, the
@@ -32,6 +34,19 @@ from typing import Any
 import torch
 
 __all__ = ["Handle", "PerThread", "TensorWork"]
+
+
+def _thread_local_modes() -> bool:
+    """True when the caller's thread has state a worker thread would not see: a torch
+    dispatch or function mode (``FakeTensorMode``, a ``TorchDispatchMode``...), inference
+    mode or autocast (then the tasks run in the caller's thread, as with one thread)."""
+    count_dispatch = getattr(torch._C, "_len_torch_dispatch_stack", None)
+    count_function = getattr(torch._C, "_len_torch_function_stack", None)
+    if count_dispatch is None or count_function is None:  # pragma: no cover - another torch
+        return True
+    return bool(
+        count_dispatch() or count_function() or torch.is_inference_mode_enabled() or torch.is_autocast_enabled("cpu")
+    )
 
 
 class Handle:
@@ -85,7 +100,7 @@ class TensorWork:
 
     def __init__(self, threads: int | None = None) -> None:
         threads = torch.get_num_threads() if threads is None else threads
-        self.concurrent = threads > 1
+        self.concurrent = threads > 1 and not _thread_local_modes()
         self._queue: deque[Handle] = deque()
         self._changed = threading.Condition()
         self._closed = False
