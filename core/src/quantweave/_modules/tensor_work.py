@@ -14,13 +14,13 @@ Measured at load 8 on 2 cores (8da4w convert, CPU per convert, 2 threads): this 
 ``n`` workers each on one intra-op thread (OpenMP's per-thread setting) 300-320 ms, the
 caller's idle OpenMP thread spinning; everything in the caller's thread (before) 1950-2020 ms.
 
-- The same functions run on the same values, so every result is the one computed in the
-  caller's thread alone (tasks share nothing they write: ``per_thread`` gives each thread
-  its own scratch buffers); tasks run under ``torch.no_grad()`` (grad mode is per thread).
+- The same functions run on the same values, in the same order, so every result is the one
+  computed in the caller's thread alone (:class:`PerThread` gives any thread running tasks
+  its own scratch buffer); tasks run under ``torch.no_grad()`` (grad mode is per thread).
 - An exception a task raises is kept and raised in the caller's thread by
   :meth:`Handle.result` (the same exception object: type, message and the names in it).
 - :meth:`TensorWork.close` (the ``with`` block's end) drops what has not started and joins
-  the workers: no thread outlives the convert that started it, error or not.
+  the worker: no thread outlives the convert that started it, error or not.
 """
 
 from __future__ import annotations
