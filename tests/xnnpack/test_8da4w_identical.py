@@ -10,7 +10,6 @@ embedding_group_size=32)``: symmetric and affine 4-bit tables, without and with 
 and with blocks small enough (1024 elements) that the large weights take the blocked path."""
 
 import hashlib
-import threading
 
 import pytest
 import torch
@@ -66,60 +65,3 @@ def test_8da4w_converts_to_the_same_bytes(exported, symmetric, calibrated, monke
             prepared(prompts[i : i + 1])
             prepared(prompts[i : i + 1])  # the same weights again: skipped by the group observers
     assert digest(qw.convert_pt2e(prepared)) == CONVERTED[(symmetric, calibrated)]
-
-
-@pytest.fixture
-def two_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)  # convert's tensor work goes to a worker thread (_modules/tensor_work)
-    yield
-    torch.set_num_threads(before)
-
-
-def _prepared(module):
-    import quantweave_executorch as qe
-
-    quantizer = qe.ExecuTorchQuantizer(
-        "llm", linear_bits=4, linear_group_size=32, embedding_bits=4, embedding_group_size=32
-    )
-    return qw.prepare_pt2e(module, quantizer)
-
-
-def _workers() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("quantweave-convert")]
-
-
-def test_8da4w_converts_to_the_same_bytes_on_a_worker_thread(exported, two_threads, monkeypatch):
-    from quantweave import convert as convert_module
-
-    ran_in: list[tuple[str, int]] = []  # (thread, its intra-op threads)
-    quantize = convert_module._quantize_folded
-
-    def recording(*args):
-        ran_in.append((threading.current_thread().name, torch.get_num_threads()))
-        return quantize(*args)
-
-    monkeypatch.setattr(convert_module, "_quantize_folded", recording)
-    monkeypatch.setattr(chunked_quantize, "BLOCK_ELEMENTS", 1024)
-    prepared = _prepared(exported[0])
-    assert digest(qw.convert_pt2e(prepared)) == CONVERTED[(None, False)]
-    assert digest(prepared) == PREPARED  # the caller's prepared model is unchanged
-    assert ran_in and all(name.startswith("quantweave-convert") for name, _ in ran_in)
-    assert _workers() == []  # joined before convert returned
-
-
-def test_an_error_on_the_worker_is_raised_in_the_callers_thread(exported, two_threads, monkeypatch):
-    from quantweave import convert as convert_module
-
-    def failing(q_op, weight, *rest):
-        if weight.shape[0] == 96:  # the token table and the head
-            raise RuntimeError(f"cannot quantize a {tuple(weight.shape)} weight")
-        return quantize(q_op, weight, *rest)
-
-    quantize = convert_module._quantize_folded
-    monkeypatch.setattr(convert_module, "_quantize_folded", failing)
-    prepared = _prepared(exported[0])
-    with pytest.raises(RuntimeError, match=r"\(96, 64\)"):
-        qw.convert_pt2e(prepared)
-    assert _workers() == []
-    assert digest(prepared) == PREPARED

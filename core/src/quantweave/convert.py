@@ -45,13 +45,12 @@ from ._modules.graph import (
 from ._modules.group_quantize import new_workspace, observed_nan_free, qparams_valid, quantize_weight
 from ._modules.misuse import warn_no_observers
 from ._modules.observer_calls import observer_calls
-from ._modules.observer_copies import copy_linked_observers
+from ._modules.observer_copies import copy_observers
 from ._modules.per_token import PER_TOKEN_ATTR
 from ._modules.prepare_rules import map_subgraphs
 from ._modules.qat_conv_bn import fold_simulated_conv_bn
 from ._modules.qtypes import dtype_range, integer_dtype, is_integer_dtype, is_per_channel
 from ._modules.reference_repr import to_reference_representation
-from ._modules.tensor_work import Handle, PerThread, TensorWork
 from ._modules.torch_compat import quantized_decomposed_ops
 from .annotation import PER_TOKEN_RANGE
 from .errors import ConvertError, ObserverNotCalibratedError
@@ -152,52 +151,37 @@ def convert_pt2e(
     before = set(gm.graph.nodes)
     constant_cache: dict[Node, bool] = mutable_attr_nodes(gm.graph)  # written in place: never folded
     constant_values: dict[Node, Any] = {}
+    _observe_constants(gm, observer_nodes, constant_cache, constant_values)
+    _check_calibrated(gm, observer_nodes)
     folded_inputs: list[Node] = []
     # one observer module may sit at several nodes (sharing); its qparams are computed once
     qparams_cache: dict[int, tuple[Any, Any]] = {}
-    workspace = PerThread(new_workspace)  # each thread quantizes every weight it takes in one block buffer
+    workspace = new_workspace()  # every weight is quantized in this one block buffer
     hook_nodes: list[Node] = []
-    # the weights' min/max and quantize run on a worker thread while this one rewrites the graph
-    # (with one intra-op thread: at once, in this thread); their buffers are filled in before
-    # anything reads them, and any error is raised here (_modules/tensor_work)
-    with TensorWork() as work:
-        observed = _observe_constants(gm, observer_nodes, constant_cache, constant_values, work)
-        quantized: list[tuple[str, Handle]] = []
-        try:
-            _check_calibrated_observed(gm, observer_nodes, observed)
-            for node in observer_nodes:
-                if node in observed:  # its observer saw the constant (on the worker)
-                    observed[node].result()
-                    _check_calibrated_observed(gm, observer_nodes, observed, node)
-                module = gm.get_submodule(str(node.target))
-                hook = convert_hook(module)
-                if hook is not None:  # an observer that converts itself (torchao's affine observers)
-                    known = set(gm.graph.nodes)
-                    hook(gm, node)
-                    hook_nodes.extend(n for n in gm.graph.nodes if n not in known)
-                    continue
-                source = node.args[0]
-                assert isinstance(source, Node)
-                fold = fold_quantize and is_constant(source, constant_cache)
-                _replace_observer(gm, node, module, fold, constant_values, qparams_cache, workspace, work, quantized)
-                if fold:
-                    folded_inputs.append(source)
-            if fold_quantize and hook_nodes:
-                _fill_quantized(gm, quantized)
-                folded_inputs += fold_constant_quantizes(
-                    gm,
-                    hook_nodes,
-                    lambda n: is_constant(n, constant_cache),
-                    lambda n: evaluate_constant(gm, n, constant_values),
-                )
-        except BaseException:
-            for handle in observed.values():  # an observation's error first, as when all ran before the loop
-                handle.result()
-            raise
-        erase_dead(gm.graph, folded_inputs)  # float weight chains the folding left without users
-        _one_dequantize_per_user(gm)
-        port_quantization_tags(gm.graph, [n for n in gm.graph.nodes if n not in before], dequantize_ops())
-        _fill_quantized(gm, quantized)
+    for node in observer_nodes:
+        module = gm.get_submodule(str(node.target))
+        hook = convert_hook(module)
+        if hook is not None:  # an observer that converts itself (torchao's affine observers)
+            known = set(gm.graph.nodes)
+            hook(gm, node)
+            hook_nodes.extend(n for n in gm.graph.nodes if n not in known)
+            continue
+        source = node.args[0]
+        assert isinstance(source, Node)
+        fold = fold_quantize and is_constant(source, constant_cache)
+        _replace_observer(gm, node, module, fold, constant_values, qparams_cache, workspace)
+        if fold:
+            folded_inputs.append(source)
+    if fold_quantize and hook_nodes:
+        folded_inputs += fold_constant_quantizes(
+            gm,
+            hook_nodes,
+            lambda n: is_constant(n, constant_cache),
+            lambda n: evaluate_constant(gm, n, constant_values),
+        )
+    erase_dead(gm.graph, folded_inputs)  # float weight chains the folding left without users
+    _one_dequantize_per_user(gm)
+    port_quantization_tags(gm.graph, [n for n in gm.graph.nodes if n not in before], dequantize_ops())
     if use_reference_representation:
         to_reference_representation(gm)
     return disallow_eval_train(rebuild(gm, signature_from=model))  # code generated on first use
@@ -212,14 +196,11 @@ def _observe_constants(
     observer_nodes: list[Node],
     constant_cache: dict[Node, bool],
     constant_values: dict[Node, Any],
-    work: TensorWork,
-) -> dict[Node, Handle]:
+) -> None:
     """Weights need no calibration data: observers of constants that saw nothing observe
-    the constant now (submitted to ``work``; the handle of each such node returned; all done
-    on return when a copied observer refers to another, whose qparams it may read). They
-    are copies, so the prepared model's observers stay as they were (copied with the
-    observers linked to them, so derived observers keep pointing at their sources:
-    ``_modules/observer_copies``)."""
+    the constant now. They are copies, so the prepared model's observers stay as they were
+    (copied with the observers linked to them, so derived observers keep pointing at their
+    sources: ``_modules/observer_copies``)."""
     pending = [
         n
         for n in observer_nodes
@@ -227,46 +208,16 @@ def _observe_constants(
         and not is_calibrated(gm.get_submodule(str(n.target)))
     ]
     if not pending:
-        return {}
+        return
     names = sorted({str(n.target) for n in observer_nodes})
-    modules = {name: gm.get_submodule(name) for name in names}
-    copies, linked = copy_linked_observers(modules, {str(n.target) for n in pending})
+    copies = copy_observers({name: gm.get_submodule(name) for name in names}, {str(n.target) for n in pending})
     for name, module in copies.items():
         set_attr_value(gm, name, module)
-    observed: dict[Node, Handle] = {}
-    for node in pending:
-        source = node.args[0]
-        assert isinstance(source, Node)
-        with torch.no_grad():
-            value = evaluate_constant(gm, source, constant_values)
-        observed[node] = work.submit(copies[str(node.target)], value)
-    if linked:  # an observer reads another's results (a derived spec's sources): all observed first
-        for handle in observed.values():
-            handle.result()
-    return observed
-
-
-def _check_calibrated_observed(
-    gm: GraphModule, observer_nodes: list[Node], observed: dict[Node, Handle], node: Node | None = None
-) -> None:
-    """``_check_calibrated`` while constants are still being observed: the observers not
-    in ``observed`` (``node`` None) or ``node``'s (observed by now); when one is not
-    calibrated, every observation is waited for and all observers checked, so the error
-    lists every one as before."""
-    checked = [n for n in observer_nodes if n not in observed] if node is None else [node]
-    if all(is_calibrated(gm.get_submodule(str(n.target))) for n in checked):
-        return
-    for handle in observed.values():
-        handle.result()
-    _check_calibrated(gm, observer_nodes)
-
-
-def _fill_quantized(gm: GraphModule, quantized: list[tuple[str, Handle]]) -> None:
-    """Put each quantized weight (computed by the tensor work) into its buffer, registered
-    with a placeholder in graph order (so the buffers keep that order)."""
-    for name, handle in quantized:
-        gm.register_buffer(name, handle.result())
-    quantized.clear()
+    with torch.no_grad():
+        for node in pending:
+            source = node.args[0]
+            assert isinstance(source, Node)
+            copies[str(node.target)](evaluate_constant(gm, source, constant_values))
 
 
 def _check_calibrated(gm: GraphModule, observer_nodes: list[Node]) -> None:
@@ -320,8 +271,6 @@ def _replace_observer(
     constant_values: dict[Node, Any],
     qparams_cache: dict[int, tuple[Any, Any]],
     workspace: Any = None,
-    work: TensorWork | None = None,
-    quantized: list[tuple[str, Handle]] | None = None,
 ) -> None:
     graph = gm.graph
     _qd = quantized_decomposed_ops()
@@ -388,13 +337,10 @@ def _replace_observer(
             values = torch.fx.node.map_arg(q_args, lambda n: evaluate_constant(gm, n, constant_values))
             with torch.no_grad():
                 weight = evaluate_constant(gm, source, constant_values)
+                nan_free = group_size is not None and observed_nan_free(module, weight)
+                qvalue = quantize_weight(q_op, weight, values, workspace, nan_free=nan_free)
             q_name = new_attr_name(gm, "_frozen_param")
-            task = (q_op, weight, values, workspace, module if group_size is not None else None)
-            if work is None or quantized is None:
-                gm.register_buffer(q_name, _quantize_folded(*task))
-            else:  # on the worker; the buffer's value is filled in by _fill_quantized
-                gm.register_buffer(q_name, _PENDING)
-                quantized.append((q_name, work.submit(_quantize_folded, *task)))
+            gm.register_buffer(q_name, qvalue)
             quant = graph.get_attr(q_name)
         else:
             quant = graph.call_function(q_op, (source, *q_args))
@@ -404,18 +350,6 @@ def _replace_observer(
     dequant.meta["val"] = val
     node.replace_all_uses_with(dequant)
     graph.erase_node(node)
-
-
-_PENDING = torch.empty(0, dtype=torch.int8)  # a quantized weight's buffer until its value is computed
-
-
-def _quantize_folded(q_op: Any, weight: Any, values: tuple[Any, ...], workspace: Any, group_observer: Any) -> Any:
-    """The quantized constant (``group_observer``: the observer of a group-wise weight,
-    which may prove it NaN-free; ``workspace``: a block buffer, or one per thread)."""
-    if isinstance(workspace, PerThread):
-        workspace = workspace.get()
-    nan_free = group_observer is not None and observed_nan_free(group_observer, weight)
-    return quantize_weight(q_op, weight, values, workspace, nan_free=nan_free)
 
 
 def _qparam_buffers(gm: GraphModule, node: Node, name: str, scale: Any, zero_point: Any) -> tuple[Node, Node]:

@@ -19,21 +19,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["copy_linked_observers", "copy_observers"]
+__all__ = ["copy_observers"]
 
 
 def copy_observers(modules: dict[str, torch.nn.Module], written: set[str]) -> dict[str, torch.nn.Module]:
     """Copies of ``modules`` (observer name -> module) for the names in ``written`` and every
     name whose module is linked to one of theirs (refers to it or is referred to by it, at any
     depth and through other observers); the names not copied are left out."""
-    return copy_linked_observers(modules, written)[0]
-
-
-def copy_linked_observers(
-    modules: dict[str, torch.nn.Module], written: set[str]
-) -> tuple[dict[str, torch.nn.Module], bool]:
-    """:func:`copy_observers`, and whether any copied observer refers to another one of
-    ``modules`` (False: each copy stands alone, and observing one changes no other's qparams)."""
     ids = {id(module) for module in modules.values()}
     links = {id(module): _reachable(module) & ids for module in modules.values()}
     group = {id(modules[name]) for name in written}
@@ -45,8 +37,7 @@ def copy_linked_observers(
                 group.add(module_id)
                 grown = True
     chosen = {name: module for name, module in modules.items() if id(module) in group}
-    linked = any(links[id(module)] - {id(module)} for module in chosen.values())
-    return copy.deepcopy(chosen, _tensor_copies(chosen.values())), linked
+    return copy.deepcopy(chosen, _tensor_copies(chosen.values()))
 
 
 def _tensor_copies(modules: Iterable[torch.nn.Module]) -> dict[int, Any]:
