@@ -43,7 +43,15 @@ def calls(node: Any, ops: Collection[Any] | Any) -> bool:
     if not isinstance(node, Node) or node.op != "call_function":
         return False
     choices = ops if isinstance(ops, (tuple, list, set, frozenset)) else (ops,)
-    return any(op_matches(op, node.target) for op in choices)
+    target = node.target
+    packet = getattr(target, "overloadpacket", None)  # op_matches' test, the target's side read once
+    for op in choices:
+        if isinstance(op, torch._ops.OpOverloadPacket):
+            if packet is op:
+                return True
+        elif op is target or bool(target == op):
+            return True
+    return False
 
 
 def node_op(node: Node) -> str:
