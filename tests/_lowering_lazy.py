@@ -11,7 +11,8 @@ Inside a window (:func:`deferred_recompiles`, entered around ``to_edge_transform
 ``to_edge``, ``EdgeProgramManager.to_backend`` and ``.to_executorch``) ``recompile`` only marks the
 module stale, as torch's own ``_LazyGraphModule`` does for inductor: it sets ``_in_spec`` / ``_out_spec``
 as torch does, gives the module's own class (every GraphModule has one) a ``forward`` that recompiles on
-the first call, marks its GraphModule children stale too, and returns the ``PythonCode`` on demand.
+the first call (with the generated one's signature: export names a program's inputs after
+it), marks its GraphModule children stale too, and returns the ``PythonCode`` on demand.
 ``code``, ``str()``, pickling (``__reduce__``, ``__reduce_package__``) and ``copy.copy`` recompile a
 stale module first. When the outermost window closes, every stale module still alive is recompiled,
 so outside the windows every GraphModule is what eager recompiles would have made (its code generated
@@ -23,6 +24,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import inspect
 import sys
 import weakref
 from collections.abc import Callable, Iterator
@@ -58,8 +60,46 @@ def _stale_forward(self: GraphModule, *args: Any, **kwargs: Any) -> Any:
     return self(*args, **kwargs)
 
 
+def _signature(gm: GraphModule) -> inspect.Signature:
+    """The signature of the ``forward`` a recompile would generate (export names the inputs after it)."""
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    parameters = [inspect.Parameter("self", kind)]
+    codegen = gm._graph._codegen
+    if isinstance(codegen, _PyTreeCodeGen):
+        parameters += [inspect.Parameter(name, kind) for name in codegen.pytree_info.orig_args]
+        return inspect.Signature(parameters)
+    returns: Any = inspect.Signature.empty
+    for node in gm._graph.nodes:
+        if node.op == "output" and node.type is not None:
+            returns = node.type
+        if node.op != "placeholder":
+            continue
+        name, annotation = str(node.target), inspect.Parameter.empty if node.type is None else node.type
+        if name.startswith("**"):
+            parameters.append(inspect.Parameter(name[2:], inspect.Parameter.VAR_KEYWORD, annotation=annotation))
+        elif name.startswith("*"):
+            parameters.append(inspect.Parameter(name[1:], inspect.Parameter.VAR_POSITIONAL, annotation=annotation))
+        elif node.args:
+            parameters.append(inspect.Parameter(name, kind, default=node.args[0], annotation=annotation))
+        else:
+            parameters.append(inspect.Parameter(name, kind, annotation=annotation))
+    return inspect.Signature(parameters, return_annotation=returns)
+
+
+def _stale_forward_of(gm: GraphModule) -> Callable[..., Any]:
+    """:func:`_stale_forward` with the signature of ``gm``'s generated ``forward``."""
+
+    @functools.wraps(_stale_forward)
+    def forward(self: GraphModule, *args: Any, **kwargs: Any) -> Any:
+        return _stale_forward(self, *args, **kwargs)
+
+    forward.__signature__ = _signature(gm)  # type: ignore[attr-defined]
+    forward.__wrapped__ = _stale_forward  # type: ignore[attr-defined]
+    return forward
+
+
 def is_stale(gm: GraphModule) -> bool:
-    return type(gm).__dict__.get("forward") is _stale_forward
+    return getattr(type(gm).__dict__.get("forward"), "__wrapped__", None) is _stale_forward
 
 
 def realize(gm: GraphModule) -> None:
@@ -91,7 +131,7 @@ def _recompile(self: GraphModule) -> Any:
     if isinstance(self._graph._codegen, _PyTreeCodeGen):
         self._in_spec = self._graph._codegen.pytree_info.in_spec
         self._out_spec = self._graph._codegen.pytree_info.out_spec
-    type(self).forward = _stale_forward  # type: ignore[method-assign]
+    type(self).forward = _stale_forward_of(self)  # type: ignore[method-assign]
     _state["stale"].add(self)
     for child in self.children():
         if isinstance(child, GraphModule):

@@ -5,6 +5,7 @@ lowered programs are byte-identical with and without it (marker ``executorch``).
 
 import contextlib
 import copy
+import inspect
 import pickle
 
 import pytest
@@ -80,6 +81,7 @@ def test_a_stale_module_reads_as_a_recompiled_one(installed, traced):
         "deepcopy": lambda gm: copy.deepcopy(gm).code,
         "recompile's PythonCode": lambda gm: gm.recompile().src,
         "call": lambda gm: gm(x),
+        "signature (export names inputs after it)": lambda gm: str(inspect.signature(gm.forward)),
     }
     expected = {name: read(eager) for name, read in readers.items()}
     for name, read in readers.items():
@@ -93,6 +95,15 @@ def test_a_stale_module_reads_as_a_recompiled_one(installed, traced):
             assert torch.equal(got, expected[name]), name
         else:
             assert got == expected[name], name
+
+
+def test_a_stale_exported_module_has_the_signature_of_its_generated_forward(installed):
+    module = torch.export.export(_Net(), (torch.randn(4, 3),)).module()
+    eager = str(inspect.signature(module.forward))
+    with lazy.deferred_recompiles():
+        module.recompile()
+        assert lazy.is_stale(module)
+        assert str(inspect.signature(module.forward)) == eager == "(x)", "not (*args, **kwargs)"
 
 
 def test_a_child_graph_module_is_deferred_with_its_parent(installed, traced):
