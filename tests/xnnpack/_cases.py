@@ -129,8 +129,9 @@ def graph_structure(gm: torch.fx.GraphModule) -> list[tuple[Any, ...]]:
     """The graph up to node and attribute names: each node's kind, target (a get_attr: the
     constant's dtype, shape and bytes), arguments (other nodes by position) and the input /
     output pytree specs. Two converted models with equal structures compute the same thing and
-    lower to the same program (ExecuTorch reads the graph and the constants, not their names):
-    a parity test that finds them equal lowers one of them (issue #23)."""
+    lower to the same program up to names (measured on the decoder LM: same size, kernels,
+    delegates and runtime output; 63 of 1,591,168 bytes differ, XNNPACK value ids numbered after
+    the constants' names): a parity test that finds them equal lowers one of them (issue #23)."""
     index: dict[torch.fx.Node, int] = {}
     out: list[tuple[Any, ...]] = [(repr(getattr(gm, "_in_spec", None)), repr(getattr(gm, "_out_spec", None)))]
     for i, node in enumerate(gm.graph.nodes):
