@@ -78,18 +78,14 @@ def ours_flow(model_name: str, config_name: str) -> tuple[Any, Any]:
     return run_flow(MODELS[model_name](), config, quantizer)
 
 
-@functools.cache
-def peer_flow(model_name: str, config_name: str) -> tuple[Any, Any]:
-    """ExecuTorch 1.5.1's XNNPACKQuantizer with torchao 0.18's prepare / convert on the same case:
-    (prepared, converted), made once per session (the parity and hosting tests only read them)."""
-    from executorch.backends.xnnpack.quantizer import xnnpack_quantizer as xq
+def peer_run(model: torch.nn.Module, config: dict[str, bool], quantizer: Any) -> tuple[Any, Any]:
+    """:func:`run_flow` with torchao 0.18's prepare / QAT prepare / convert / move-to-eval (the peer's flow
+    of any quantizer): (prepared, converted)."""
     from torchao.quantization.pt2e import move_exported_model_to_eval
     from torchao.quantization.pt2e import quantize_pt2e as ao
 
-    config = CONFIGS[config_name]
-    quantizer = xq.XNNPACKQuantizer().set_global(xq.get_symmetric_quantization_config(**config))
     return run_flow(
-        MODELS[model_name](),
+        model,
         config,
         quantizer,
         prepare=ao.prepare_pt2e,
@@ -97,6 +93,21 @@ def peer_flow(model_name: str, config_name: str) -> tuple[Any, Any]:
         convert=ao.convert_pt2e,
         to_eval=move_exported_model_to_eval,
     )
+
+
+def peer_quantizer(**config: bool) -> Any:
+    """ExecuTorch 1.5.1's XNNPACKQuantizer with its symmetric config for ``config`` set globally."""
+    from executorch.backends.xnnpack.quantizer import xnnpack_quantizer as xq
+
+    return xq.XNNPACKQuantizer().set_global(xq.get_symmetric_quantization_config(**config))
+
+
+@functools.cache
+def peer_flow(model_name: str, config_name: str) -> tuple[Any, Any]:
+    """ExecuTorch 1.5.1's XNNPACKQuantizer with torchao 0.18's prepare / convert on the same case:
+    (prepared, converted), made once per session (the parity and hosting tests only read them)."""
+    config = CONFIGS[config_name]
+    return peer_run(MODELS[model_name](), config, peer_quantizer(**config))
 
 
 def ours(model_name: str, config_name: str) -> tuple[Any, tuple[torch.Tensor, ...]]:

@@ -20,14 +20,13 @@ from quantweave.convert import dequantize_ops, quantize_ops
 from quantweave.testing import models
 from quantweave.testing.inspect import qdq_summary
 
-from ._cases import CONFIGS, example_inputs, peer_flow, run_flow
+from ._cases import CONFIGS, example_inputs, peer_flow, peer_run, run_flow
 
 pytestmark = pytest.mark.executorch
 xq = pytest.importorskip(
     "executorch.backends.xnnpack.quantizer.xnnpack_quantizer", reason="needs ExecuTorch 1.5.1 (tox -e xnnpack)"
 )
-ao = pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
-from torchao.quantization.pt2e import move_exported_model_to_eval  # noqa: E402
+pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")  # the peer flows (_cases.peer_run)
 
 
 class ConvBnRelu(nn.Module):
@@ -85,15 +84,7 @@ def flows(model_name, config_name):
     if model_name == "attention":  # the parity tests' transformer block: torchao's flow made once per session
         return ours, peer_flow("transformer_block", config_name)
     torch.manual_seed(0)
-    theirs = run_flow(
-        ALL_MODELS[model_name](),
-        config,
-        vendor(config),
-        prepare=ao.prepare_pt2e,
-        prepare_qat=ao.prepare_qat_pt2e,
-        convert=ao.convert_pt2e,
-        to_eval=move_exported_model_to_eval,
-    )
+    theirs = peer_run(ALL_MODELS[model_name](), config, vendor(config))
     return ours, theirs
 
 

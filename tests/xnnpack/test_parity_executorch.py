@@ -40,14 +40,13 @@ from quantweave.testing import models
 from quantweave.testing.inspect import qdq_summary
 from tests.helpers import spec_key
 
-from ._cases import CONFIGS, MODELS, example_inputs, ours_flow, peer_flow, run_flow
+from ._cases import CONFIGS, MODELS, example_inputs, ours_flow, peer_flow, peer_quantizer, peer_run, run_flow
 
 pytestmark = pytest.mark.executorch
 xq = pytest.importorskip(
     "executorch.backends.xnnpack.quantizer.xnnpack_quantizer", reason="needs ExecuTorch 1.5.1 (tox -e xnnpack)"
 )
-ao = pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
-from torchao.quantization.pt2e import move_exported_model_to_eval  # noqa: E402
+pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")  # the peer flows (_cases.peer_run)
 
 KEY = "quantization_annotation"
 aten = torch.ops.aten
@@ -55,22 +54,6 @@ aten = torch.ops.aten
 
 def ours_quantizer(**config):
     return qx.XNNPACKQuantizer().set_global(qx.get_symmetric_quantization_config(**config))
-
-
-def peer_quantizer(**config):
-    return xq.XNNPACKQuantizer().set_global(xq.get_symmetric_quantization_config(**config))
-
-
-def peer_run(model, config, quantizer):
-    return run_flow(
-        model,
-        config,
-        quantizer,
-        prepare=ao.prepare_pt2e,
-        prepare_qat=ao.prepare_qat_pt2e,
-        convert=ao.convert_pt2e,
-        to_eval=move_exported_model_to_eval,
-    )
 
 
 def annotations(gm):
