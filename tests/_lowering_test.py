@@ -13,7 +13,7 @@ import torch
 from torch.fx import GraphModule
 
 from tests import _lowering_lazy as lazy
-from tests.helpers import count_code_generations
+from tests.helpers import count_code_generations, xnnpack_static_conv_linear
 
 
 class _Net(torch.nn.Module):
@@ -144,23 +144,9 @@ def test_lowered_programs_are_identical_with_and_without_deferred_recompiles(mon
     same model in float. The zoo, tests/xnnpack and tests/executorch_plugin programs were checked the
     same way by ``python -m tests._lowering_check``."""
     pytest.importorskip("executorch.exir", reason="needs ExecuTorch 1.5.1 (tox -e executorch)")
-    import quantweave as qw
     import quantweave_xnnpack as qx
 
-    class ConvLinear(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = torch.nn.Conv2d(3, 8, 3)
-            self.linear = torch.nn.Linear(6, 4)
-
-        def forward(self, x):
-            return self.linear(self.conv(x).relu())
-
-    x = torch.randn(1, 3, 8, 8)
-    model = ConvLinear().eval()
-    prepared = qw.prepare_pt2e(torch.export.export(model, (x,)).module(), qx.XNNPACKQuantizer())
-    prepared(x)
-    converted = qw.convert_pt2e(prepared)
+    model, converted, x = xnnpack_static_conv_linear()
     with contextlib.ExitStack() as stack:
         if GraphModule.__dict__["recompile"] is not lazy._recompile:  # switched off for the session
             stack.enter_context(lazy.installed())

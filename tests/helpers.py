@@ -16,6 +16,31 @@ def export(model: torch.nn.Module, *args: torch.Tensor) -> torch.fx.GraphModule:
     return torch.export.export(model.eval(), args).module()
 
 
+class ConvLinear(torch.nn.Module):
+    """Conv2d (3 -> 8, 3x3) -> relu -> Linear (6 -> 4) on a 1x3x8x8 image (:data:`CONV_LINEAR_INPUT`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3)
+        self.linear = torch.nn.Linear(6, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(self.conv(x).relu())
+
+
+def xnnpack_static_conv_linear() -> tuple[torch.nn.Module, GraphModule, torch.Tensor]:
+    """(float :class:`ConvLinear` in eval mode, its quantweave-xnnpack static-quantized conversion
+    calibrated on one input, that input): a small program for lowering tests (needs quantweave-xnnpack)."""
+    import quantweave as qw
+    import quantweave_xnnpack as qx
+
+    x = torch.randn(1, 3, 8, 8)
+    model = ConvLinear().eval()
+    prepared = qw.prepare_pt2e(torch.export.export(model, (x,)).module(), qx.XNNPACKQuantizer())
+    prepared(x)
+    return model, qw.convert_pt2e(prepared), x
+
+
 def spec_key(spec):
     """A comparable key for a PT2E spec of quantweave's or a peer's (torchao / ExecuTorch):
     ("shared", producer name(s)) for a shared spec, else its fields and observer class name."""

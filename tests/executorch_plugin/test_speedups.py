@@ -12,6 +12,7 @@ import torch
 from torch._export import utils
 
 from tests.executorch_speedups import DEEPCOPY, NAME, cia_ops_collected_once, memoized, node_sources_shared
+from tests.helpers import xnnpack_static_conv_linear
 
 ORIGINAL = inspect.unwrap(getattr(utils, NAME))
 
@@ -122,23 +123,10 @@ def test_lowered_programs_are_identical_without_the_memos(monkeypatch, tied_lm_8
     pytest.importorskip("executorch.exir", reason="needs ExecuTorch 1.5.1 (tox -e executorch)")
     from torch.export import decomp_utils, exported_program
 
-    import quantweave as qw
     import quantweave_executorch as qe
     import quantweave_xnnpack as qx
 
-    class LinearConv(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = torch.nn.Conv2d(3, 8, 3)
-            self.linear = torch.nn.Linear(6, 4)
-
-        def forward(self, x):
-            return self.linear(self.conv(x))
-
-    x = torch.randn(1, 3, 8, 8)
-    prepared = qw.prepare_pt2e(torch.export.export(LinearConv().eval(), (x,)).module(), qx.XNNPACKQuantizer())
-    prepared(x)
-    converted = qw.convert_pt2e(prepared)
+    _, converted, x = xnnpack_static_conv_linear()
     _, prompts, lm, lm_program = tied_lm_8da4w
 
     def lower():
