@@ -33,6 +33,8 @@ from typing import Any
 from torch.fx import GraphModule
 from torch.fx.graph import _PyTreeCodeGen
 
+from tests.executorch_speedups import modules_binding
+
 ENV = "QUANTWEAVE_LAZY_RECOMPILE"
 
 #: the lowering entry points a window is opened around: (module, class or "", function)
@@ -201,9 +203,8 @@ def installed() -> Iterator[collections.Counter]:
                 continue
             original = getattr(module, name)
             windowed = _windowed(original)
-            for other in list(sys.modules.values()):
-                if getattr(other, "__dict__", {}).get(name) is original:
-                    setattr_saved(other, name, windowed)
+            for other in modules_binding(name, original):
+                setattr_saved(other, name, windowed)
 
     setattr_saved(GraphModule, "recompile", _recompile)
     code = GraphModule.__dict__["code"]

@@ -13,12 +13,13 @@ import contextlib
 import functools
 import hashlib
 import importlib
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from tests.executorch_speedups import modules_binding
 
 ENV = "QUANTWEAVE_LOWERING_REPEATS"
 MODULE, NAME = "executorch.exir.program._program", "to_edge_transform_and_lower"
@@ -93,7 +94,7 @@ def counting(path: str) -> Iterator[collections.Counter]:
                 stats["repeats"] += 1
                 stats["repeats' CPU s"] += time.process_time() - start
 
-    bound = [m for m in list(sys.modules.values()) if getattr(m, "__dict__", {}).get(NAME) is original]
+    bound = modules_binding(NAME, original)
     for m in bound:
         setattr(m, NAME, counted)
     try:

@@ -41,12 +41,20 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Hashable, Iterator
+from types import ModuleType
 
 import pytest
 import torch
 
 NAME = "_collect_all_valid_cia_ops"
 CHECK = "QUANTWEAVE_CHECK_CIA_MEMO"
+
+
+def modules_binding(name: str, original: object) -> list[ModuleType]:
+    """Every imported module whose own namespace binds ``name`` to ``original`` (where a patch of
+    ``original`` has to go: ``from x import f`` copies the binding). A module-level ``__getattr__``
+    (a deprecated alias) is not asked."""
+    return [module for module in list(sys.modules.values()) if getattr(module, "__dict__", {}).get(name) is original]
 
 
 def registry_fingerprint() -> Hashable:
@@ -98,10 +106,8 @@ def cia_ops_collected_once() -> Iterator[dict]:
     original = getattr(utils, NAME)
     collect = memoized(original, stats, check=os.environ.get(CHECK) == "1")
     patch = pytest.MonkeyPatch()
-    for module in list(sys.modules.values()):
-        # the module's own namespace: a module-level __getattr__ (a deprecated alias) is not asked
-        if getattr(module, "__dict__", {}).get(NAME) is original:
-            patch.setattr(module, NAME, collect)
+    for module in modules_binding(NAME, original):
+        patch.setattr(module, NAME, collect)
     try:
         yield stats
     finally:
