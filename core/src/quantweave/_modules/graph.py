@@ -68,14 +68,12 @@ def mutated_attrs(graph: Graph) -> set[str]:
     through a view (``buffer.add_(1)``, ``buffer[0].copy_(x)``)."""
     targets: set[str] = set()
     for node in graph.nodes:
-        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
-        if schema is None:
+        if node.op != "call_function":
             continue
-        written = [
-            node.args[i] if i < len(node.args) else node.kwargs.get(argument.name)
-            for i, argument in enumerate(schema.arguments)
-            if argument.alias_info is not None and argument.alias_info.is_write
-        ]
+        positions = _written_arguments(node.target)
+        if positions is None:
+            continue
+        written = [node.args[i] if i < len(node.args) else node.kwargs.get(name) for i, name in positions]
         if node.target == torch.ops.aten.batch_norm.default and len(node.args) > 5 and node.args[5] is True:
             written += node.args[3:5]  # training batch norm updates its running statistics (unannotated)
         for value in written:
@@ -90,6 +88,32 @@ def mutated_attrs(graph: Graph) -> set[str]:
                 if returns and returns[0].alias_info is not None and base.args:  # a view of its first input
                     pending.extend(iter_input_nodes(base.args[0]))
     return targets
+
+
+#: op -> (position, name) of the arguments its schema writes (read once per op, not per node)
+_WRITTEN_ARGUMENTS: dict[Any, tuple[tuple[int, str], ...]] = {}
+
+
+def _written_arguments(target: Any) -> tuple[tuple[int, str], ...] | None:
+    """(position, name) of each argument ``target``'s schema marks as written (``Tensor(a!)``);
+    None for a target without a schema (not an op)."""
+    try:
+        return _WRITTEN_ARGUMENTS[target]
+    except (KeyError, TypeError):  # not seen yet, or unhashable
+        pass
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return None
+    positions = tuple(
+        (i, argument.name)
+        for i, argument in enumerate(schema.arguments)
+        if argument.alias_info is not None and argument.alias_info.is_write
+    )
+    try:
+        _WRITTEN_ARGUMENTS[target] = positions
+    except TypeError:  # pragma: no cover - an unhashable target: read its schema every time
+        pass
+    return positions
 
 
 def rebuild(model: GraphModule, signature_from: torch.nn.Module | None = None) -> GraphModule:

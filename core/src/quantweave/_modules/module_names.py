@@ -65,6 +65,9 @@ def warn_unknown_modules(
 
         warn_unknown_modules(model, "set_module_name", self.module_name_config, quantizer=self.name)
     """
+    wanted = list(wanted)
+    if not wanted:  # nothing to check: the graph is not scanned (annotate calls this on every prepare)
+        return []
     entries = _stack_entries(model)
     if entries is None:
         return []

@@ -14,6 +14,7 @@ when no constant needs observing.
 from __future__ import annotations
 
 import copy
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -40,8 +41,15 @@ def copy_observers(modules: dict[str, torch.nn.Module], written: set[str]) -> di
     return copy.deepcopy(chosen, _tensor_copies(chosen.values()))
 
 
+#: containers whose empty instances (no items, no attributes) ``deepcopy`` copies to an empty
+#: instance of the same type (through ``__reduce_ex__`` for OrderedDict and set: most of the cost
+#: of copying an observer, whose dozen hook dicts are empty)
+_EMPTY_COPIES = (dict, OrderedDict, set, list)
+
+
 def _tensor_copies(modules: Iterable[torch.nn.Module]) -> dict[int, Any]:
-    """A ``deepcopy`` memo giving each plain buffer of ``modules`` (and of their submodules)
+    """A ``deepcopy`` memo giving each empty container attribute of ``modules`` (their hook
+    dicts) an empty one of its type, and each plain buffer of ``modules`` (and of their submodules)
     its copy made by ``clone()``: what ``deepcopy`` makes of it, at a fraction of the cost
     (``Tensor.__deepcopy__`` was most of copying an observer). Only buffers a clone copies
     exactly: a plain ``torch.Tensor`` (no subclass, no gradient, no Python attributes, strided,
@@ -60,6 +68,11 @@ def _tensor_copies(modules: Iterable[torch.nn.Module]) -> dict[int, Any]:
             storage = (tensor.device, tensor.untyped_storage().data_ptr())
             owners[storage] = owners.get(storage, 0) + 1
     memo: dict[int, Any] = {}
+    for module in modules_list:  # a module's empty hook dicts and sets: new empty ones, as deepcopy makes
+        for submodule in module.modules():
+            for value in vars(submodule).values():
+                if type(value) in _EMPTY_COPIES and not value and not getattr(value, "__dict__", None):
+                    memo[id(value)] = type(value)()
     for tensor_id, tensor in buffers.items():
         if (
             type(tensor) is torch.Tensor
@@ -79,8 +92,8 @@ def _tensor_copies(modules: Iterable[torch.nn.Module]) -> dict[int, Any]:
 
 
 def _reachable(module: torch.nn.Module) -> set[int]:
-    """Ids of the objects reachable from ``module``'s attributes, through containers and
-    other modules' attributes (tensors and scalars are not followed)."""
+    """Ids of the non-empty objects reachable from ``module``'s attributes, through containers
+    and other modules' attributes (tensors and scalars are not followed)."""
     return {id(value) for value in _walk(vars(module).values()) if not isinstance(value, torch.Tensor)}
 
 
@@ -90,15 +103,23 @@ def _reachable_tensors(modules: list[torch.nn.Module]) -> list[torch.Tensor]:
     return [value for value in _walk(vars(module) for module in modules) if isinstance(value, torch.Tensor)]
 
 
+_LEAVES = (str, bytes, int, float, bool, type(None), torch.dtype, torch.qscheme)
+
+
 def _walk(roots: Iterable[Any]) -> Iterator[Any]:
-    """Each object reachable from ``roots`` once (scalars and strings left out), following
-    dicts (keys and values), lists, tuples, sets and modules' attributes; tensors are yielded,
-    not followed."""
+    """Each object reachable from ``roots`` once (scalars, strings and empty containers left
+    out: they hold no module or tensor), following dicts (keys and values), lists, tuples, sets
+    and modules' attributes; tensors are yielded, not followed."""
     seen: set[int] = set()
     pending: list[Any] = list(roots)
     while pending:
         value = pending.pop()
-        if id(value) in seen or isinstance(value, (str, bytes, int, float, bool, type(None))):
+        if (
+            isinstance(value, _LEAVES)
+            or (type(value) in _EMPTY_COPIES or type(value) is tuple)
+            and not value
+            or id(value) in seen
+        ):
             continue
         seen.add(id(value))
         yield value
