@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping
@@ -109,10 +110,8 @@ def _written_arguments(target: Any) -> tuple[tuple[int, str], ...] | None:
         for i, argument in enumerate(schema.arguments)
         if argument.alias_info is not None and argument.alias_info.is_write
     )
-    try:
+    with contextlib.suppress(TypeError):  # an unhashable target: its schema is read every time
         _WRITTEN_ARGUMENTS[target] = positions
-    except TypeError:  # pragma: no cover - an unhashable target: read its schema every time
-        pass
     return positions
 
 

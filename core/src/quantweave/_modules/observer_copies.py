@@ -116,8 +116,7 @@ def _walk(roots: Iterable[Any]) -> Iterator[Any]:
         value = pending.pop()
         if (
             isinstance(value, _LEAVES)
-            or (type(value) in _EMPTY_COPIES or type(value) is tuple)
-            and not value
+            or ((type(value) in _EMPTY_COPIES or type(value) is tuple) and not value)
             or id(value) in seen
         ):
             continue
