@@ -65,3 +65,29 @@ def test_8da4w_converts_to_the_same_bytes(exported, symmetric, calibrated, monke
             prepared(prompts[i : i + 1])
             prepared(prompts[i : i + 1])  # the same weights again: skipped by the group observers
     assert digest(qw.convert_pt2e(prepared)) == CONVERTED[(symmetric, calibrated)]
+
+
+def test_round_up_to_bf16_integer_path_matches_the_float_path(monkeypatch):
+    """Large scales are rounded up in integer arithmetic: the same bits as the float ops (the
+    smallest bfloat16 value >= each scale), on every kind of positive finite float32."""
+    import quantweave_xnnpack._blockwise as blockwise
+
+    def float_path(scale):
+        rounded = scale.to(torch.bfloat16)
+        below = rounded.to(torch.float32) < scale
+        rounded = torch.where(below, torch.nextafter(rounded, torch.full_like(rounded, float("inf"))), rounded)
+        return rounded.to(torch.float32)
+
+    bits = torch.arange(1, 0x7F800000, 4099, dtype=torch.int64).to(torch.int32)  # subnormals to the largest
+    scales = [
+        bits.view(torch.float32),
+        torch.tensor([2.0**-12, 1.0, 1.00390625, 1.0039063, torch.finfo(torch.float32).max]),
+        torch.rand(64, 4).t(),  # not contiguous
+    ]
+    monkeypatch.setattr(blockwise, "_INTEGER_PATH_MIN", 1)
+    for scale in scales:
+        assert torch.equal(blockwise.round_up_to_bf16(scale).view(torch.int32), float_path(scale).view(torch.int32))
+    for odd in (torch.tensor([0.0, 1.0]), torch.tensor([-1.5, 1.0]), torch.tensor([float("inf"), 1.0])):
+        assert torch.equal(blockwise.round_up_to_bf16(odd), float_path(odd))  # the float path, as before
+    nan = blockwise.round_up_to_bf16(torch.tensor([float("nan"), 1.0]))
+    assert bool(torch.isnan(nan[0])) and nan[1] == 1.0

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ._modules.finite import all_finite_pair
 from ._modules.group_observer import PerGroupMinMaxObserver as PerGroupMinMaxObserver
 from ._modules.histogram_search import beta_after_still_steps as _beta_after_still_steps
 from ._modules.observed_once import remember as _remember
@@ -568,7 +569,7 @@ def is_calibrated(module: torch.nn.Module) -> bool:
         return True
     if min_val.numel() == 0 or max_val.numel() == 0:
         return False
-    return _all_finite(min_val) and _all_finite(max_val)
+    return all_finite_pair(min_val, max_val, _all_finite)
 
 
 def _all_finite(values: torch.Tensor) -> bool:

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from . import chunked_quantize
+from .finite import all_finite_pair
 from .group_observer import PerGroupMinMaxObserver
 from .observed_once import unchanged_since
 from .torch_compat import quantized_decomposed_ops
@@ -137,7 +138,11 @@ def observed_nan_free(observer: Any, value: Any) -> bool:
     if type(observer).forward is not PerGroupMinMaxObserver.forward or not unchanged_since(observer, value):
         return False
     low, high = observer.min_val, observer.max_val
-    return bool(low.numel()) and not bool(torch.isnan(low).any() or torch.isnan(high).any())
+    return bool(low.numel()) and all_finite_pair(low, high, _no_nan)
+
+
+def _no_nan(values: torch.Tensor) -> bool:
+    return not bool(torch.isnan(values).any())
 
 
 def qparams_valid(value: Any, positive: bool) -> bool:
