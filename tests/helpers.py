@@ -36,9 +36,13 @@ def xnnpack_static_conv_linear() -> tuple[torch.nn.Module, GraphModule, torch.Te
 
     x = torch.randn(1, 3, 8, 8)
     model = ConvLinear().eval()
-    prepared = qw.prepare_pt2e(torch.export.export(model, (x,)).module(), qx.XNNPACKQuantizer())
+    quantizer = qx.XNNPACKQuantizer().set_global(qx.get_symmetric_quantization_config())
+    prepared = qw.prepare_pt2e(torch.export.export(model, (x,)).module(), quantizer)
     prepared(x)
-    return model, qw.convert_pt2e(prepared), x
+    converted = qw.convert_pt2e(prepared)
+    quantized = [n for n in converted.graph.nodes if getattr(n.target, "namespace", None) == "quantized_decomposed"]
+    assert len(quantized) >= 6, converted.graph  # input, weights and output of the conv and the linear
+    return model, converted, x
 
 
 def spec_key(spec):
