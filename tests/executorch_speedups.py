@@ -28,7 +28,8 @@ Each caller gets its own copy of the set (torch's callers only read it; a copy k
 Also here: :func:`node_sources_shared`, torch's provenance records shared instead of deep-copied
 by every pass (~11 % of a lowering), and :func:`lowering_speedups`, the newer shortcuts under one
 switch: GraphModule code generation deferred inside ExecuTorch's lowering entry points
-(tests/_lowering_lazy.py, off with ``QUANTWEAVE_LAZY_RECOMPILE=0``) and, with
+(tests/_lowering_lazy.py, off with ``QUANTWEAVE_LAZY_RECOMPILE=0``), torch's fake-tensor dispatch cache
+opened to the quant ops (tests/_fake_cache.py, off with ``QUANTWEAVE_FAKE_CACHE_QUANT=0``) and, with
 ``QUANTWEAVE_LOWERING_REPEATS=PATH``, a count of lowerings that repeat an earlier one
 (tests/_lowering_memo.py; counts only). ``python -m tests._lowering_check`` compares .pte bytes and
 CPU with and without them.
@@ -157,7 +158,7 @@ def node_sources_shared() -> Iterator[None]:
 def lowering_speedups() -> Iterator[dict]:
     """Every newer lowering shortcut on for the block (each one off with its environment variable set to
     0); yields their counts."""
-    from tests import _lowering_lazy, _lowering_memo
+    from tests import _fake_cache, _lowering_lazy, _lowering_memo
 
     with contextlib.ExitStack() as stack:
         if os.environ.get(_lowering_memo.ENV):  # first: the windows below wrap the counted function
@@ -165,4 +166,6 @@ def lowering_speedups() -> Iterator[dict]:
         stats: collections.Counter = collections.Counter()
         if os.environ.get(_lowering_lazy.ENV) != "0":
             stats = stack.enter_context(_lowering_lazy.installed())
+        if os.environ.get(_fake_cache.ENV) != "0":
+            stack.enter_context(_fake_cache.installed(stats))
         yield stats
