@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import quantweave as qw
+import quantweave.authoring as qa
 import quantweave_embedding
 import quantweave_embedding.plugin
 from quantweave.plugin_api import QuantizerInfo, TensorQuant
@@ -22,7 +23,7 @@ from quantweave_embedding import EmbeddingConfig, EmbeddingQuantizer
 from quantweave_embedding.plugin import make_quantizer
 from tests.helpers import assert_names
 
-qw.dequantize_ops()  # registers torch.ops.quantized_decomposed
+qa.dequantize_ops()  # registers torch.ops.quantized_decomposed
 qd = torch.ops.quantized_decomposed
 aten = torch.ops.aten
 
@@ -144,7 +145,7 @@ def test_8bit_tables_are_uint8_per_row_with_float_qparams_and_the_rest_stays_flo
         )
         assert getattr(converted, zp.target).dtype == torch.float32  # float zero points (embedding_byte form)
         assert getattr(converted, scale.target).shape == (table.shape[0],)
-    quantized = [n for n in converted.graph.nodes if n.op == "call_function" and n.target in qw.dequantize_ops()]
+    quantized = [n for n in converted.graph.nodes if n.op == "call_function" and n.target in qa.dequantize_ops()]
     assert {u.target for n in quantized for u in n.users} == {aten.embedding.default}  # fc, add stay float
     assert not any(n.target in qw.quantize_ops() for n in converted.graph.nodes)  # tables folded, nothing at run time
     # ~38 dB, not the ~44 dB of 256 levels: torch's quantize_per_channel rounds x / scale, then adds the

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import quantweave as qw
+import quantweave.authoring as qa
 import quantweave_executorch as qe
 import quantweave_executorch.plugin
 from quantweave.plugin_api import Capability, Mode
@@ -20,7 +21,7 @@ from quantweave_embedding import EmbeddingQuantizer
 from quantweave_executorch import ExecuTorchQuantizer
 from tests.helpers import assert_names
 
-qw.dequantize_ops()  # registers torch.ops.quantized_decomposed
+qa.dequantize_ops()  # registers torch.ops.quantized_decomposed
 qd = torch.ops.quantized_decomposed
 aten = torch.ops.aten
 
@@ -214,8 +215,8 @@ def test_embeddings_and_linears_are_quantized_as_declared_and_the_rest_stays_flo
         assert x.args[0].target == qd.quantize_per_token.default
         # scale <- getitem <- choose_qparams_per_token_asymmetric
         assert x.args[1].args[0].target == qd.choose_qparams_per_token_asymmetric.default
-    machinery = set(qw.quantize_ops()) | set(qw.dequantize_ops()) | {qd.choose_qparams_per_token_asymmetric.default}
-    dq_users = {t for n in nodes if n.target in qw.dequantize_ops() for t in _targets(n)}
+    machinery = set(qa.quantize_ops()) | set(qa.dequantize_ops()) | {qd.choose_qparams_per_token_asymmetric.default}
+    dq_users = {t for n in nodes if n.target in qa.dequantize_ops() for t in _targets(n)}
     assert dq_users == {aten.embedding.default, aten.linear.default}  # nothing else reads quantized values
     floats = {n.target for n in nodes if n.op == "call_function" and n.target not in machinery}
     assert {aten.layer_norm.default, aten.softmax.int, aten.gelu.default, aten.matmul.default} <= floats

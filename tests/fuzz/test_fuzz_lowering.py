@@ -17,6 +17,7 @@ from hypothesis import assume, given, note, settings
 from hypothesis import strategies as st
 
 import quantweave as qw
+import quantweave.authoring as qa
 
 from . import stats
 from .conftest import budget
@@ -60,7 +61,7 @@ def test_x86_lowering_runs_and_agrees_with_the_converted_model(program: Program,
     assert not error_problems(flow, case), error_problems(flow, case)
     if flow.converted is None:
         return
-    has_dq = any(n.target in qw.dequantize_ops() for n in flow.converted.graph.nodes)
+    has_dq = any(n.target in qa.dequantize_ops() for n in flow.converted.graph.nodes)
     if not has_dq:
         with pytest.raises(ValueError, match="no dequantize node"):
             quantweave_x86.lower(flow.converted, case.test_inputs)

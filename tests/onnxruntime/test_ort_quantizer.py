@@ -9,13 +9,14 @@ import torch
 import torch.nn.functional as F
 
 import quantweave as qw
+from quantweave.plugin_api import ANNOTATION_KEY
 from quantweave.registry import PluginManager
 from quantweave.testing.conformance import assert_conforms, capability_cases, check_capability
 from quantweave_onnxruntime import ORTConfig, ORTQuantizer, declared_capabilities
 from quantweave_onnxruntime import plugin as ort_plugin
 from quantweave_onnxruntime.testing import CNN, MLP
 
-KEY = qw.ANNOTATION_KEY
+KEY = ANNOTATION_KEY
 (INFO,) = ort_plugin.quantweave_quantizers()
 #: the patterns the plugin contributes (split, resize), which the conformance kit probes too
 PATTERNS = {spec.name: spec for spec in ort_plugin.quantweave_patterns()}
