@@ -17,7 +17,7 @@ def export(model: torch.nn.Module, *args: torch.Tensor) -> torch.fx.GraphModule:
 
 
 class ConvLinear(torch.nn.Module):
-    """Conv2d (3 -> 8, 3x3) -> relu -> Linear (6 -> 4) on a 1x3x8x8 image (:data:`CONV_LINEAR_INPUT`)."""
+    """Conv2d (3 -> 8, 3x3) -> relu -> Linear (6 -> 4) on a 1x3x8x8 image."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -32,6 +32,7 @@ def xnnpack_static_conv_linear() -> tuple[torch.nn.Module, GraphModule, torch.Te
     """(float :class:`ConvLinear` in eval mode, its quantweave-xnnpack static-quantized conversion
     calibrated on one input, that input): a small program for lowering tests (needs quantweave-xnnpack)."""
     import quantweave as qw
+    import quantweave.authoring as qa
     import quantweave_xnnpack as qx
 
     x = torch.randn(1, 3, 8, 8)
@@ -40,8 +41,8 @@ def xnnpack_static_conv_linear() -> tuple[torch.nn.Module, GraphModule, torch.Te
     prepared = qw.prepare_pt2e(torch.export.export(model, (x,)).module(), quantizer)
     prepared(x)
     converted = qw.convert_pt2e(prepared)
-    quantized = [n for n in converted.graph.nodes if getattr(n.target, "namespace", None) == "quantized_decomposed"]
-    assert len(quantized) >= 6, converted.graph  # input, weights and output of the conv and the linear
+    qdq = set(qa.quantize_ops()) | set(qa.dequantize_ops())
+    assert sum(n.target in qdq for n in converted.graph.nodes) >= 6, converted.graph  # the conv's and linear's
     return model, converted, x
 
 
