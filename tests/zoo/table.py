@@ -10,7 +10,10 @@
 them; ``OMP_NUM_THREADS=1``). The tox env ``zoo`` measures once, in its tests
 (tests/zoo/test_zoo.py), and checks docs/zoo.md against that run: the coverage counts and
 what loads must be equal, SQNRs within ``SQNR_TOLERANCE`` dB (they move a little with the
-CPU's int8 kernels).
+CPU's int8 kernels). The x86 rows' recipe depends on the CPU (activations in [0, 127] without VNNI /
+AMX, ``quantweave_x86.cpu_needs_reduce_range``): the file says which it was measured with, and
+its x86 SQNRs are compared only on a CPU that takes the same recipe (the peer comparisons of
+tests/zoo/test_zoo.py hold them on every CPU).
 """
 
 from __future__ import annotations
@@ -60,6 +63,24 @@ measured in one run:
 Held in tests/zoo/test_zoo.py: our coverage >= the peer's; our SQNR not below the peer's by
 more than 0.3 dB where the coverage is equal; every program loads and runs.
 """
+#: the line of docs/zoo.md that names the x86 rows' recipe (it depends on the CPU)
+X86_RECIPE = "x86 rows (ours and the peer's) quantize activations in "
+_RECIPES = {
+    True: "[0, 127] (`reduce_range`: the CPU that measured them has no VNNI / AMX int8 instructions).",
+    False: "[0, 255] (the CPU that measured them has VNNI or AMX int8 instructions).",
+}
+
+
+def x86_recipe() -> str:
+    """This CPU's line of ``X86_RECIPE``."""
+    import quantweave_x86 as q86
+
+    return X86_RECIPE + _RECIPES[q86.cpu_needs_reduce_range()]
+
+
+def recipe_of(text: str) -> str | None:
+    """The ``X86_RECIPE`` line of a rendered table, None when it has none."""
+    return next((line for line in text.splitlines() if line.startswith(X86_RECIPE)), None)
 
 
 def _db(value: float | None) -> str:
@@ -89,7 +110,7 @@ def row(m: Measurement) -> str:
 
 
 def render(measurements: Iterable[Measurement]) -> str:
-    return "\n".join((INTRO, *HEADER, *(row(m) for m in measurements))) + "\n"
+    return "\n".join((INTRO, x86_recipe(), "", *HEADER, *(row(m) for m in measurements))) + "\n"
 
 
 def _cells(text: str) -> dict[tuple[str, str], list[str]]:
@@ -103,14 +124,19 @@ def _cells(text: str) -> dict[tuple[str, str], list[str]]:
 
 def differences(expected: str, actual: str) -> list[str]:
     """How the table in ``actual`` (a docs/zoo.md) differs from ``expected`` (a fresh render):
-    rows, coverage and loads exactly, SQNRs within SQNR_TOLERANCE dB."""
+    the x86 recipe line, rows, coverage and loads exactly, SQNRs within SQNR_TOLERANCE dB, the
+    x86 rows' SQNRs only where both were measured with the same recipe (``recipe_of``)."""
     want, got = _cells(expected), _cells(actual)
-    problems = [f"{k}: missing from the file" for k in want.keys() - got.keys()]
+    same_x86_recipe = recipe_of(expected) == recipe_of(actual)
+    problems = [] if recipe_of(actual) else [f"the file has no line that starts {X86_RECIPE!r}"]
+    problems += [f"{k}: missing from the file" for k in want.keys() - got.keys()]
     problems += [f"{k}: in the file, not measured" for k in got.keys() - want.keys()]
     for key in want.keys() & got.keys():
         for i, name in enumerate(HEADER[0].strip("| ").split(" | ")):
             a, b = want[key][i], got[key][i]
             if "SQNR" in name and a != "-" and b != "-":
+                if key[1] == "x86" and not same_x86_recipe:
+                    continue
                 if abs(float(a) - float(b)) > SQNR_TOLERANCE:
                     problems.append(f"{key} {name}: measured {a}, the file says {b}")
             elif name != "notes" and a != b:
