@@ -291,10 +291,11 @@ def _nan(observers):
 @pytest.mark.parametrize(
     ("derive", "message"),
     [
-        (_raises, r"'linear'.*ZeroDivisionError: the derivation divides by zero"),
-        (_negative, r"'linear'.*scale must be positive and finite"),
-        (_zero, r"'linear'.*scale must be positive and finite"),
-        (_nan, r"'linear'.*scale must be positive and finite"),
+        # the observer, the node it observes, what failed / the field, what was expected, the value got
+        (_raises, r"activation_post_process_\d+.*'linear'.*ZeroDivisionError: the derivation divides by zero"),
+        (_negative, r"activation_post_process_\d+.*'linear'.*scale.*positive and finite.*-0\.5"),
+        (_zero, r"activation_post_process_\d+.*'linear'.*scale.*positive and finite.*tensor\(\[0\."),
+        (_nan, r"activation_post_process_\d+.*'linear'.*scale.*positive and finite.*nan"),
     ],
     ids=["raises", "negative scale", "zero scale", "nan scale"],
 )
