@@ -30,6 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import assert_names
+
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "_snippet_worker.py"
 RUNTIMES = ("executorch", "litert", "onnxruntime", "peer", "hosting", "accuracy")
@@ -350,9 +352,12 @@ def test_a_failing_block_is_reported_with_its_place(tmp_path):
 
 
 def test_shell_checks_catch_an_unpinned_torch_and_a_missing_path():
-    with pytest.raises(AssertionError, match="unpinned torch"):
+    with pytest.raises(AssertionError) as info:
         check_command("pip install torch numpy", "here", [])
-    with pytest.raises(AssertionError, match="no folder"):
+    assert_names(info, "here:", "unpinned", "'torch'")
+    with pytest.raises(AssertionError) as info:
         check_command("pip install torch==2.13.0 ./plugins/nope", "here", [])
-    with pytest.raises(AssertionError, match="no option --nope"):
+    assert_names(info, "here:", "'./plugins/nope'", "no folder")
+    with pytest.raises(AssertionError) as info:
         check_command("python examples/quickstart.py --nope", "here", [])
+    assert_names(info, "here:", "examples/quickstart.py", "no option", "--nope")

@@ -13,7 +13,7 @@ import quantweave as qw
 from quantweave import authoring as kit
 from quantweave.observers import HistogramObserver, PerChannelMinMaxObserver, PlaceholderObserver
 from quantweave.plugin_api import FLOAT, SKIP_REASON_KEY, Mode, Quant, TensorQuant, is_annotated
-from tests.helpers import export
+from tests.helpers import assert_names, export
 
 aten = torch.ops.aten
 ACT = TensorQuant("uint8", 0, 255, "per_tensor", symmetric=False)
@@ -308,8 +308,9 @@ def test_rule_table_refuses_rows_and_steps_that_disagree():
         kit.RuleTable("mine", [kit.Rule("linear_relu", _annotate_linear_relu)], steps=[_annotate_linear])
     with pytest.raises(ValueError, match="_annotate_linear_relu"):
         kit.RuleTable("mine", [kit.Rule("linear", _annotate_linear)], steps=[_annotate_linear, _annotate_linear_relu])
-    with pytest.raises(ValueError, match="'linear' has two rows"):
+    with pytest.raises(ValueError) as info:
         kit.RuleTable("mine", [kit.Rule("linear"), kit.Rule("linear")])
+    assert_names(info, "RuleTable 'mine'", "'linear'", "two rows")
     with pytest.raises(ValueError, match="output"):
         kit.Rule("linear", output="int8")
 
@@ -374,8 +375,9 @@ def test_config_stages_take_a_backends_own_config_class(gm):
     stages.set_module_type(Block, None)
     assert stages.covering(_node(gm, aten.linear.default)).description == "module type Block"
     assert stages.covering(_node(gm, aten.mul.Tensor)).config is mine
-    with pytest.raises(TypeError, match=r"set_module_name: expected a TableConfig or None; got QuantizationConfig"):
+    with pytest.raises(TypeError) as info:
         stages.set_module_name("block", _config())
+    assert_names(info, "set_module_name", "TableConfig or None", "QuantizationConfig")
 
 
 def test_share_inputs_puts_a_concatenation_on_the_owners_range_and_names_a_stranger():

@@ -204,9 +204,24 @@ PREPARE_ERRORS = [
         r"edge 'x' -> 'conv2d'.*got QuantizationConfig",
     ),
     ("output spec of a wrong type", _output_spec_of_wrong_type, qw.AnnotationError, r"output of 'linear'.*got str"),
-    ("input key that is not an input", _key_not_an_input, qw.AnnotationError, r"node 'linear'.*'conv2d'.*not one of"),
-    ("input key that is not a node", _key_not_a_node, qw.AnnotationError, r"node 'conv2d'.*'x'.*not one of"),
-    ("spec on a list output", _spec_on_a_list_output, qw.AnnotationError, r"'split_with_sizes'.*list, not a tensor"),
+    (
+        "input key that is not an input",
+        _key_not_an_input,
+        qw.AnnotationError,
+        r"node 'linear'.*'conv2d'.*not one of.*\['mean', 'linear_weight', 'linear_bias'\].*corpus",
+    ),
+    (
+        "input key that is not a node",
+        _key_not_a_node,
+        qw.AnnotationError,
+        r"node 'conv2d'.*'x'.*not one of.*\['x', 'conv_weight', 'conv_bias'\]",
+    ),
+    (
+        "spec on a list output",
+        _spec_on_a_list_output,
+        qw.AnnotationError,
+        r"'split_with_sizes'.*corpus.*list.*not a tensor.*float32",
+    ),
     ("shared with an erased node", _shared_with_an_erased_node, qw.SharingError, r"edge 'x' -> 'conv2d'.*'relu"),
     ("shared with another graph", _shared_with_a_node_of_another_graph, qw.SharingError, r"edge 'x' -> 'conv2d'"),
     ("shared with an unannotated edge", _shared_with_an_unannotated_edge, qw.SharingError, r"'conv2d' -> 'relu'"),
@@ -291,10 +306,11 @@ def _nan(observers):
 @pytest.mark.parametrize(
     ("derive", "message"),
     [
-        (_raises, r"'linear'.*ZeroDivisionError: the derivation divides by zero"),
-        (_negative, r"'linear'.*scale must be positive and finite"),
-        (_zero, r"'linear'.*scale must be positive and finite"),
-        (_nan, r"'linear'.*scale must be positive and finite"),
+        # the observer, the node it observes, what failed / the field, what was expected, the value got
+        (_raises, r"activation_post_process_\d+.*'linear'.*ZeroDivisionError: the derivation divides by zero"),
+        (_negative, r"activation_post_process_\d+.*'linear'.*scale.*positive and finite.*-0\.5"),
+        (_zero, r"activation_post_process_\d+.*'linear'.*scale.*positive and finite.*tensor\(\[0\."),
+        (_nan, r"activation_post_process_\d+.*'linear'.*scale.*positive and finite.*nan"),
     ],
     ids=["raises", "negative scale", "zero scale", "nan scale"],
 )

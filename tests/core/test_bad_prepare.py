@@ -131,20 +131,19 @@ SPEC_ERRORS = [
     (
         "ch_axis beyond the weight's dimensions",
         _on(conv, 1, _per_channel(4)),
-        r"edge 'conv_weight' -> 'conv2d': quantizer 'corpus' set QuantizationSpec\.ch_axis=4; expected -4 to 3.*"
-        r"\(4, 3, 3, 3\)",
+        r"edge 'conv_weight' -> 'conv2d'.*'corpus'.*QuantizationSpec\.ch_axis=4.*-4 to 3.*\(4, 3, 3, 3\)",
     ),
     ("negative ch_axis beyond", _on(conv, 1, _per_channel(-5)), r"'conv_weight' -> 'conv2d'.*ch_axis=-5.*-4 to 3"),
     ("ch_axis 1 of a 1-D bias", _on(linear, 2, _per_channel(1)), r"'linear_bias' -> 'linear'.*ch_axis=1.*-1 to 0"),
     (
         "per-channel on a 0-d tensor (ch_axis None: the default 0)",
         _on(total, "out", _per_channel(None)),
-        r"output of 'sum_1'.*ch_axis=None \(the observer's default, 0\).*0-d",
+        r"output of 'sum_1'.*ch_axis=None.*default, 0.*per-tensor qscheme.*0-d",
     ),
     (
         "ch_axis set by the observer constructor",
         _on(conv, 1, _per_channel(None, PerChannelMinMaxObserver.with_args(ch_axis=5))),
-        r"'conv_weight' -> 'conv2d'.*'corpus' built a PerChannelMinMaxObserver with ch_axis=5.*-4 to 3",
+        r"'conv_weight' -> 'conv2d'.*'corpus'.*PerChannelMinMaxObserver.*ch_axis=5.*-4 to 3",
     ),
     (
         "ch_axis that is not an int",
@@ -155,12 +154,12 @@ SPEC_ERRORS = [
     (
         "group_size not dividing the rows",
         _on(linear, 1, _grouped(3)),
-        r"'linear_weight' -> 'linear'.*group_size=3.*divisor of the row length 4",
+        r"'linear_weight' -> 'linear'.*group_size=3.*divisor.*row length 4",
     ),
     (
         "quant_max beyond the dtype",
         _on(linear, 0, _bypassing_validation(_spec(), quant_max=300)),
-        r"edge 'mean' -> 'linear'.*quant_max=300.*\[-128, 127\], the range of torch\.int8",
+        r"edge 'mean' -> 'linear'.*quant_max=300.*\[-128, 127\].*torch\.int8",
     ),
     (
         "quant_min above quant_max",
@@ -190,8 +189,7 @@ SPEC_ERRORS = [
     (
         "shared spec whose axis the sharing tensor lacks",
         _shared_bias_with_weight_axis_1,
-        r"edge 'conv_bias' -> 'conv2d'.*ch_axis=1 \(the spec of edge 'conv_weight' -> 'conv2d', whose observer it "
-        r"shares\).*-1 to 0",
+        r"edge 'conv_bias' -> 'conv2d'.*ch_axis=1.*edge 'conv_weight' -> 'conv2d'.*shares.*-1 to 0",
     ),
     ("derived spec with an axis beyond", _derived_bias_axis_1, r"'linear_bias' -> 'linear'.*Derived.*ch_axis=1"),
 ]

@@ -22,6 +22,7 @@ import quantweave as qw
 import quantweave.serialize as serialize
 from quantweave.errors import SerializationError
 from quantweave.testing.reference import make_reference_quantizer
+from tests.helpers import assert_names
 
 
 class Small(nn.Module):
@@ -69,9 +70,9 @@ def load_refused(path: Path, *named: str) -> str:
 
 def test_a_missing_file_is_named(tmp_path: Path) -> None:
     path = tmp_path / "nowhere" / "model.pt2"
-    with pytest.raises(FileNotFoundError, match="does not exist") as info:
+    with pytest.raises(FileNotFoundError) as info:
         qw.load(path)
-    assert str(path) in str(info.value)
+    assert_names(info, "quantweave.load", str(path), "does not exist", ".pt2 file")  # the fix: a .pt2 file's path
     assert not path.parent.exists()
 
 
@@ -182,15 +183,16 @@ def test_saving_a_prepared_model_leaves_the_target_alone(tmp_path: Path, models:
     target = tmp_path / "model.pt2"
     target.write_bytes(good_file.read_bytes())
     before = digest(target)
-    with pytest.raises(SerializationError, match="still has observers"):
+    with pytest.raises(SerializationError) as info:
         qw.save(models[0], EXAMPLE, target)
+    assert_names(info, "quantweave.save", "observers", "'activation_post_process_", "quantweave.convert_pt2e")
     assert digest(target) == before
 
 
 def test_saving_to_a_directory_is_named(tmp_path: Path, models: tuple) -> None:
-    with pytest.raises(SerializationError, match="is a directory") as info:
+    with pytest.raises(SerializationError) as info:
         qw.save(models[1], EXAMPLE, tmp_path)
-    assert str(tmp_path) in str(info.value)
+    assert_names(info, "quantweave.save", str(tmp_path), "directory", "file path")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -26,6 +26,7 @@ import quantweave as qw
 from quantweave.distributed import DistributedSyncError, SyncSummary, range_pass, sync_observers
 from quantweave.errors import ObserverNotCalibratedError
 from tests.core._distributed import scenarios as S
+from tests.helpers import assert_names
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH_TIMEOUT = 180  # seconds, per launch of 2 processes (a hang fails the test, never the suite)
@@ -343,8 +344,9 @@ def test_range_pass_pauses_moving_averages_and_refuses_calibrated_histograms():
     assert weights and not any(qw.observers.is_calibrated(m) for m in weights)  # paused
     histograms = [m for m in observers.values() if isinstance(m, S.HistogramObserver)]
     assert histograms and all(float(m.histogram.sum()) == 0 for m in histograms)  # started on the range
-    with pytest.raises(ValueError, match="already saw data"), range_pass(one_process(prepared, S.small_batches(1))):
+    with pytest.raises(ValueError) as info, range_pass(one_process(prepared, S.small_batches(1))):
         pass
+    assert_names(info, "range_pass", "activation_post_process_0", "'x'", "already saw data", "before calibration")
 
 
 def test_histogram_qparams_unchanged_by_a_one_process_sync():

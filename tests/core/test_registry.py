@@ -71,32 +71,33 @@ def test_loading_is_lazy(make_plugin, tmp_path):
         warnings.simplefilter("error")  # constructing the manager imports nothing, so nothing fails yet
         pm = manager(ep)
     assert "qw_lazy" not in sys.modules
-    with pytest.warns(qw.PluginWarning, match="imported too early"):
+    with pytest.warns(qw.PluginWarning) as caught:
         pm.plugins()
+    assert_names(caught, "'qw_lazy'", "not loaded", "RuntimeError", "imported too early")  # the plugin's own error
 
 
 @pytest.mark.parametrize(
     ("source", "reason"),
     [
-        ("raise ImportError('missing native lib')", r"import failed: ImportError: missing native lib"),
-        ("import sys; sys.exit(3)", r"import failed: SystemExit: 3"),
-        ("x = 1", r"does not declare QUANTWEAVE_PLUGIN_API"),
-        ("QUANTWEAVE_PLUGIN_API = '1'", r"declares plugin API '1'; expected a whole number from 1 to 2"),
-        ("QUANTWEAVE_PLUGIN_API = 0", r"declares plugin API 0; expected a whole number from 1 to 2"),
+        ("raise ImportError('missing native lib')", ("import failed", "ImportError", "missing native lib")),
+        ("import sys; sys.exit(3)", ("import failed", "SystemExit: 3")),
+        ("x = 1", ("does not declare", "QUANTWEAVE_PLUGIN_API")),
+        ("QUANTWEAVE_PLUGIN_API = '1'", ("plugin API '1'", "whole number", "1 to 2")),
+        ("QUANTWEAVE_PLUGIN_API = 0", ("plugin API 0", "whole number", "1 to 2")),
         (
             "from quantweave.hookspecs import hookimpl\nQUANTWEAVE_PLUGIN_API = 1\n"
             "@hookimpl\ndef quantweave_quantizer():\n    return []\n",
-            r"invalid hooks: .*quantweave_quantizer",
+            ("invalid hooks", "'quantweave_quantizer'"),
         ),
         (
             "from quantweave.hookspecs import hookimpl\nQUANTWEAVE_PLUGIN_API = 1\n"
             "@hookimpl\ndef quantweave_quantizers():\n    raise ValueError('bad config')\n",
-            r"quantweave_quantizers\(\) failed: ValueError: bad config",
+            ("quantweave_quantizers()", "failed", "ValueError", "bad config"),
         ),
         (
             "from quantweave.hookspecs import hookimpl\nQUANTWEAVE_PLUGIN_API = 1\n"
             "@hookimpl\ndef quantweave_quantizers():\n    return 'x86'\n",
-            r"quantweave_quantizers\(\) must return a list of QuantizerInfo; got str",
+            ("quantweave_quantizers()", "list of QuantizerInfo", "got str"),
         ),
     ],
 )
@@ -104,8 +105,9 @@ def test_broken_plugins_are_recorded_and_never_crash_the_host(make_plugin, sourc
     good = make_plugin("qw_fine", GOOD.format(qname="fine"))
     bad = make_plugin("qw_bad", source)
     pm = manager(bad, good)
-    with pytest.warns(qw.PluginWarning, match=r"quantweave plugin 'qw_bad' was not loaded: " + reason):
+    with pytest.warns(qw.PluginWarning) as caught:
         records = {r.name: r for r in pm.plugins()}
+    assert_names(caught, "quantweave plugin 'qw_bad'", "not loaded", *reason)
     assert records["qw_bad"].status == "failed"
     assert records["qw_fine"].status == "loaded"
     assert pm.get_quantizer("fine") is not None
