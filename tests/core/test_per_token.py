@@ -9,12 +9,13 @@ import torch
 from torch import nn
 
 import quantweave as qw
+from quantweave.authoring import dequantize_ops, quantize_ops
 from quantweave.convert import choose_qparams_ops
 from quantweave.observers import MinMaxObserver, PerChannelMinMaxObserver, PlaceholderObserver
 from quantweave.testing.reference import weight_spec
 from tests.helpers import assert_names
 
-qw.dequantize_ops()  # registers torch.ops.quantized_decomposed
+dequantize_ops()  # registers torch.ops.quantized_decomposed
 qd = torch.ops.quantized_decomposed
 aten = torch.ops.aten
 
@@ -154,8 +155,8 @@ def test_converts_to_per_token_ops_and_quantizes_each_row_with_its_own_step():
     assert qd.quantize_per_token.default in found and qd.dequantize_per_token.default in found
     assert not {qd.choose_qparams.tensor, qd.quantize_per_tensor.tensor} & set(found)
     assert qd.choose_qparams_per_token_asymmetric.default in choose_qparams_ops()
-    assert qd.quantize_per_token.default in qw.quantize_ops()
-    assert qd.dequantize_per_token.default in qw.dequantize_ops()
+    assert qd.quantize_per_token.default in quantize_ops()
+    assert qd.dequantize_per_token.default in dequantize_ops()
 
     # what the linear reads: every token rounded to its own grid of 256 levels spanning [min(x, 0), max(x, 0)]
     linear = next(n for n in converted.graph.nodes if n.target == aten.linear.default)

@@ -10,6 +10,7 @@ import pytest
 
 import quantweave as qw
 from quantweave.capabilities import Capability, Mode, TensorQuant
+from quantweave.plugin_api import hookimpl
 from quantweave.registry import PluginManager, QuantizerInfo
 from tests.helpers import assert_names
 
@@ -186,7 +187,7 @@ def test_register_objects_directly_and_filter_capabilities():
     class Plugin:
         QUANTWEAVE_PLUGIN_API = 1
 
-        @qw.hookimpl
+        @hookimpl
         def quantweave_quantizers(self):
             class Q(qw.Quantizer):
                 def annotate(self, model):
