@@ -11,23 +11,10 @@ import pytest
 import torch
 
 import quantweave as qw
+from tests.helpers import CONV_RELU_INPUT as X
+from tests.helpers import ConvRelu as Net
 from tests.helpers import Snapshot, assert_names
-
-
-class Net(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 4, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.conv(x))
-
-
-X = torch.randn(2, 3, 8, 8)
-
-
-def _exported() -> torch.fx.GraphModule:
-    return torch.export.export(Net().eval(), (X,)).module()
+from tests.helpers import exported_conv_relu as _exported
 
 
 def test_converting_a_model_that_was_never_prepared_warns_and_returns_a_float_copy():

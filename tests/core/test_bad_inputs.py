@@ -25,19 +25,11 @@ from torch.fx import GraphModule, Node
 
 import quantweave as qw
 from quantweave.observers import MinMaxObserver
-from tests.helpers import Snapshot, assert_names
+from tests.helpers import Caller, Snapshot, SplitConvLinear, assert_names
 
 aten = torch.ops.aten
 KEY = "quantization_annotation"
 ACT = qw.QuantizationSpec(dtype=torch.uint8, observer_or_fake_quant_ctr=MinMaxObserver)
-
-
-def clone_inputs(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    return tuple(x.clone() for x in inputs)
-
-
-def inputs_unchanged(before: tuple[torch.Tensor, ...], after: tuple[torch.Tensor, ...]) -> bool:
-    return all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
 
 
 class FnQuantizer(qw.Quantizer):
@@ -74,40 +66,12 @@ class FnQuantizer(qw.Quantizer):
         return ()
 
 
-class ConvLinear(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 4, 3)
-        self.linear = torch.nn.Linear(4, 2)
-
-    def forward(self, x):
-        y = torch.relu(self.conv(x))
-        a, b = torch.split(y, [2, 2], 1)
-        return self.linear(torch.cat([b, a], 1).mean((2, 3)))
-
-
 def _export(model: torch.nn.Module, *args: torch.Tensor, **kwargs: Any) -> GraphModule:
     return torch.export.export(model.eval(), args, **kwargs).module()
 
 
 def _node(gm: GraphModule, target: Any) -> Node:
     return next(n for n in gm.graph.nodes if n.target == target)
-
-
-class Caller:
-    """The caller's exported model and inputs, snapshotted, to check nothing was lost."""
-
-    def __init__(self, model: torch.nn.Module | None = None, *inputs: torch.Tensor, **kwargs: Any):
-        model = ConvLinear() if model is None else model
-        self.inputs = inputs or (torch.randn(2, 3, 8, 8),)
-        self.gm = _export(model, *self.inputs, **kwargs)
-        self.snapshot = Snapshot.of(self.gm)
-        self.copies = clone_inputs(self.inputs)
-
-    def assert_untouched(self) -> None:
-        assert self.snapshot.differences(self.gm) == []
-        assert all(KEY not in n.meta for n in self.gm.graph.nodes)
-        assert inputs_unchanged(self.copies, self.inputs)
 
 
 # -- malformed annotations --------------------------------------------------------------------
@@ -156,7 +120,7 @@ def _shared_with_an_erased_node(gm):
 
 
 def _shared_with_a_node_of_another_graph(gm):
-    other = _export(ConvLinear(), torch.randn(1, 3, 8, 8))
+    other = _export(SplitConvLinear(), torch.randn(1, 3, 8, 8))
     conv = _node(gm, aten.conv2d.default)
     qw.annotate_input_qspec_map(conv, conv.args[0], qw.SharedQuantizationSpec(_node(other, aten.conv2d.default)))
 

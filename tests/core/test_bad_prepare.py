@@ -6,12 +6,11 @@ caller's model is bit-identical afterwards (tests.helpers.Snapshot)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
-from torch.fx import GraphModule, Node
+from torch.fx import GraphModule
 
 import quantweave as qw
 from quantweave.observers import (
@@ -20,62 +19,12 @@ from quantweave.observers import (
     PerChannelMinMaxObserver,
     PerGroupMinMaxObserver,
 )
-from tests.helpers import Snapshot, assert_names
+from tests.helpers import CONV_LINEAR_SUM_INPUT, FnQuantizer, assert_names
+from tests.helpers import ConvLinearSumCaller as Caller
+from tests.helpers import annotate_on as _on
+from tests.helpers import node_of as _node
 
 aten = torch.ops.aten
-
-
-class Net(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 4, 3)
-        self.linear = torch.nn.Linear(4, 6)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(torch.relu(self.conv(x)).mean((2, 3))).sum()
-
-
-X = torch.randn(2, 3, 8, 8)
-
-
-class Caller:
-    """An exported model and its snapshot: ``untouched()`` is True when nothing changed."""
-
-    def __init__(self, train: bool = False) -> None:
-        model = Net().train() if train else Net().eval()
-        self.gm = torch.export.export(model, (X,)).module()
-        self.snapshot = Snapshot.of(self.gm)
-
-    def untouched(self) -> bool:
-        return self.snapshot.differences(self.gm) == []
-
-
-class FnQuantizer(qw.Quantizer):
-    name = "corpus"
-
-    def __init__(self, fn: Callable[[GraphModule], None]) -> None:
-        self.fn = fn
-
-    def annotate(self, model: GraphModule) -> GraphModule:
-        self.fn(model)
-        return model
-
-
-def _node(gm: GraphModule, target: Any) -> Node:
-    return next(n for n in gm.graph.nodes if n.target == target)
-
-
-def _on(target: Any, where: int | str, spec: Any) -> Callable[[GraphModule], None]:
-    """Annotate input ``where`` (an argument index) or the output ("out") of the node of ``target``."""
-
-    def fn(gm: GraphModule) -> None:
-        node = _node(gm, target)
-        if where == "out":
-            qw.annotate_output_qspec(node, spec)
-        else:
-            qw.annotate_input_qspec_map(node, node.args[where], spec)
-
-    return fn
 
 
 def _spec(**fields: Any) -> qw.QuantizationSpec:
@@ -223,7 +172,7 @@ def test_a_good_spec_on_every_axis_prepares():
     for axis in (-4, -1, 0, 3):
         caller = Caller()
         prepared = qw.prepare_pt2e(caller.gm, FnQuantizer(_on(conv, 1, _per_channel(axis))))
-        prepared(X)
+        prepared(CONV_LINEAR_SUM_INPUT)
         qw.convert_pt2e(prepared)
         assert caller.untouched()
 

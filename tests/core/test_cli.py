@@ -8,6 +8,7 @@ import quantweave as qw
 from quantweave.capabilities import Capability, TensorQuant
 from quantweave.cli import main
 from quantweave.registry import PluginManager, QuantizerInfo
+from tests.helpers import run_cli as run
 
 ACT = TensorQuant("uint8", 0, 255)
 W = TensorQuant("int8", -128, 127, "per_channel", symmetric=True)
@@ -46,11 +47,6 @@ def pm():
     with pytest.warns(qw.PluginWarning):
         manager.register("gamma", Broken(), distribution="qw-gamma", version="0.1")
     return manager
-
-
-def run(capsys, pm, *argv):
-    code = main(list(argv), manager=pm)
-    return code, capsys.readouterr().out
 
 
 def test_plugins_table(capsys, pm):

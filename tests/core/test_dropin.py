@@ -13,15 +13,25 @@ import quantweave as qw
 from quantweave.convert import choose_qparams_ops, dequantize_ops, quantize_ops
 from quantweave.observers import FakeQuantizeBase, MinMaxObserver, PerChannelMinMaxObserver, PlaceholderObserver
 from quantweave.testing.reference import _Annotator, make_reference_quantizer, quantweave_api
-from tests.helpers import assert_names, export
+from tests.helpers import (
+    ChunkedConvBn,
+    ConvBn,
+    ConvBnQATQuantizer,
+    IndexPutBuffer,
+    KVCache,
+    PaddedConvBn,
+    RefNet,
+    ScanLinear,
+    TwoLinears,
+    assert_names,
+    calls,
+    export,
+)
+from tests.helpers import randomise_bn as _randomise_bn
 from tests.seed_tutorial import TutorialNet, build, quantweave_names
 
 aten = torch.ops.aten
 qd = torch.ops.quantized_decomposed
-
-
-def calls(gm, *targets):
-    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target in targets]
 
 
 def run_flow(model, inputs, quantizer, calibration=None, **convert_kwargs):
@@ -192,15 +202,6 @@ def dynamic_act():
     )
 
 
-class TwoLinears(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.b = torch.nn.Linear(8, 4), torch.nn.Linear(8, 4)
-
-    def forward(self, x):
-        return self.a(x) + self.b(x)
-
-
 def test_dynamic_quantization_keeps_one_choose_quantize_dequantize_per_tensor():
     model, x = TwoLinears().eval(), torch.randn(3, 8)
     _, converted = run_flow(model, (x,), OneSpec(aten.linear.default, input_spec=dynamic_act()))
@@ -216,21 +217,6 @@ def test_static_dequantize_is_still_one_per_user():
     _, converted = run_flow(model, (x,), OneSpec(aten.linear.default, input_spec=int8_act()))
     assert all(len(n.users) == 1 for n in calls(converted, *dequantize_ops()))
     assert len(calls(converted, qd.dequantize_per_tensor.default)) == 2
-
-
-class KVCache(torch.nn.Module):
-    """A cache buffer read by a linear, then written in place at a position (so each call sees
-    what the previous calls wrote)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.register_buffer("cache", torch.zeros(4, 8))
-        self.proj = torch.nn.Linear(8, 8)
-
-    def forward(self, x, pos):
-        out = self.proj(self.cache)
-        self.cache.index_put_((pos,), x)
-        return out
 
 
 def test_buffer_mutated_in_place_is_never_folded_into_a_constant():
@@ -252,15 +238,6 @@ def test_buffer_mutated_in_place_is_never_folded_into_a_constant():
         expected = model(x, torch.tensor([step]))
         assert torch.allclose(converted(x, torch.tensor([step])), expected, atol=0.1), step
     assert torch.equal(converted.get_buffer("cache"), model.cache)
-
-
-class IndexPutBuffer(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.register_buffer("buf", torch.zeros(4))
-
-    def forward(self, x, idx):
-        return self.buf.index_put_((idx,), x).clone()
 
 
 class IndexPutQuantizer(qw.Quantizer):
@@ -351,18 +328,7 @@ def test_observer_convert_hook_is_honoured():
 # -- QAT convert after a pass rebuilt the batch norm (torchao's move_exported_model_to_eval does)
 
 
-class ConvBn(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv, self.bn = torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)
-
-    def forward(self, x):
-        return self.bn(self.conv(x))
-
-
 def test_qat_convert_finds_a_batch_norm_rebuilt_after_prepare():
-    from tests.core.test_qat import ConvBnQATQuantizer
-
     torch.manual_seed(0)
     prepared = qw.prepare_qat_pt2e(
         torch.export.export(ConvBn().train(), (torch.randn(2, 3, 8, 8),)).module(), ConvBnQATQuantizer()
@@ -408,22 +374,6 @@ def test_eval_and_train_raise_pointing_at_the_move_helpers():
 # -- batch-norm folding coverage
 
 
-class PaddedConvBn(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv, self.bn = torch.nn.Conv2d(3, 4, 3, padding="same"), torch.nn.BatchNorm2d(4)
-
-    def forward(self, x):
-        return torch.relu(self.bn(self.conv(x)))
-
-
-def _randomise_bn(bn):
-    with torch.no_grad():
-        bn.running_mean.uniform_(-1, 1)
-        bn.running_var.uniform_(0.5, 2)
-        bn.weight.uniform_(0.5, 2)
-
-
 def test_conv_with_string_padding_folds_its_batch_norm():
     model, x = PaddedConvBn().eval(), torch.randn(1, 3, 8, 8)
     _randomise_bn(model.bn)
@@ -444,17 +394,6 @@ def test_linear_batch_norm_over_a_3d_output_is_left_with_a_warning():
     assert torch.allclose(prepared(x), model(x), atol=1e-5)
 
 
-class ChunkedConvBn(torch.nn.Module):
-    """One conv and batch norm applied to each chunk of the input."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv, self.bn = torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.BatchNorm2d(8)
-
-    def forward(self, x):
-        return torch.cat([torch.relu(self.bn(self.conv(c))) for c in torch.chunk(x, 3, dim=1)], dim=1)
-
-
 def test_chunked_batch_norms_fold_and_every_node_keeps_meta():
     model, x = ChunkedConvBn().eval(), torch.rand(1, 3, 8, 8)
     _randomise_bn(model.bn)
@@ -467,21 +406,6 @@ def test_chunked_batch_norms_fold_and_every_node_keeps_meta():
 
 
 # -- control flow: scan / while_loop bodies are quantized, other subgraphs warn
-
-
-class ScanLinear(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = torch.nn.Linear(5, 5)
-
-    def forward(self, x, init):
-        from torch._higher_order_ops.scan import scan
-
-        def combine_fn(carry, x_slice):
-            out = self.linear(x_slice)
-            return carry + out, out
-
-        return scan(combine_fn, init=init, xs=x, dim=0)[1]
 
 
 def _body(gm, op, index):
@@ -524,18 +448,6 @@ def test_a_cond_branch_left_float_is_named_in_a_warning():
 
 
 # -- 3. convert_pt2e(..., use_reference_representation=True)
-
-
-class RefNet(torch.nn.Module):
-    """conv -> max_pool -> add (+ relu) -> mean -> linear: every pattern written in integers."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv, self.linear = torch.nn.Conv2d(3, 4, 3), torch.nn.Linear(4, 5)
-
-    def forward(self, x, y):
-        pooled = torch.nn.functional.max_pool2d(self.conv(x), 2)
-        return self.linear(torch.relu(pooled + y).mean((2, 3)))
 
 
 def qdq_ops():

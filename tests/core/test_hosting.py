@@ -26,7 +26,7 @@ from quantweave.observers import is_observer_module
 from quantweave.testing import models
 from quantweave.testing.inspect import qdq_summary
 from quantweave.testing.reference import make_reference_quantizer, quantweave_api
-from tests.helpers import assert_names, export
+from tests.helpers import assert_names, export, share_through_a_missing_edge
 
 aten = torch.ops.aten
 KEY = "quantization_annotation"
@@ -454,30 +454,6 @@ def test_a_native_none_entry_for_a_node_that_is_not_an_input_is_dropped():
     prepared, _ = _prepare_mlp(fn)
     second = [n for n in prepared.graph.nodes if n.target == aten.linear.default][1]
     assert [p.name for p in second.meta[KEY].input_qspec_map] == ["relu"]
-
-
-def share_through_a_missing_edge(api):
-    """A quantizer (written against ``api``) that annotates linear_1 with an entry for 'x',
-    which is not its input, and shares linear_1's real input with that edge (Samsung's
-    quantizer does this on reshapes)."""
-
-    class Quantizer(api.Quantizer):
-        def annotate(self, gm):
-            first, second = [n for n in gm.graph.nodes if n.target == aten.linear.default]
-            x = first.args[0]
-            act = api.QuantizationSpec(
-                dtype=torch.int8, observer_or_fake_quant_ctr=api.MinMaxObserver, qscheme=torch.per_tensor_affine
-            )
-            first.meta[KEY] = api.QuantizationAnnotation(input_qspec_map={x: act}, _annotated=True)
-            second.meta[KEY] = api.QuantizationAnnotation(
-                input_qspec_map={second.args[0]: api.SharedQuantizationSpec((x, second)), x: act}, _annotated=True
-            )
-            return gm
-
-        def validate(self, gm):
-            return None
-
-    return Quantizer()
 
 
 def test_a_shared_spec_naming_an_edge_that_does_not_exist_shares_its_group_as_torchao():

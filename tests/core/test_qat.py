@@ -9,75 +9,13 @@ from quantweave.errors import ConvertError
 from quantweave.observers import (
     FakeQuantize,
     FakeQuantizeBase,
-    MovingAverageMinMaxObserver,
     MovingAveragePerChannelMinMaxObserver,
 )
 from quantweave.testing.inspect import sqnr
-from tests.helpers import assert_names
+from tests.helpers import QAT_ACT as ACT
+from tests.helpers import ConvBnQATQuantizer, assert_names
 
 aten = torch.ops.aten
-# averaging constant 1: qparams follow the latest batch, so a few training steps suffice here
-ACT = qw.QuantizationSpec(
-    dtype=torch.uint8,
-    quant_min=0,
-    quant_max=255,
-    qscheme=torch.per_tensor_affine,
-    observer_or_fake_quant_ctr=FakeQuantize.with_args(
-        observer=MovingAverageMinMaxObserver.with_args(averaging_constant=1)
-    ),
-)
-WEIGHT = qw.QuantizationSpec(
-    dtype=torch.int8,
-    quant_min=-127,
-    quant_max=127,
-    qscheme=torch.per_channel_symmetric,
-    ch_axis=0,
-    observer_or_fake_quant_ctr=FakeQuantize.with_args(
-        observer=MovingAveragePerChannelMinMaxObserver.with_args(averaging_constant=1)
-    ),
-)
-
-
-def _derived_bias_qparams(observers):
-    act, weight = observers
-    act_scale, _ = act.calculate_qparams()
-    weight_scale, _ = weight.calculate_qparams()
-    scale = (act_scale * weight_scale).float()
-    return scale, torch.zeros_like(scale, dtype=torch.int32)
-
-
-class ConvBnQATQuantizer(qw.Quantizer):
-    """conv input and weight (and, with ``quantize_bias``, a derived int32 bias) plus the
-    output of the batch norm (or of the relu after it)."""
-
-    def __init__(self, quantize_bias: bool = False) -> None:
-        self.quantize_bias = quantize_bias
-
-    def annotate(self, model):
-        for conv in model.graph.nodes:
-            if conv.target is not aten.conv2d.default:
-                continue
-            x, weight = conv.args[0], conv.args[1]
-            input_map = {x: ACT, weight: WEIGHT}
-            bias = conv.args[2] if len(conv.args) > 2 else None
-            if self.quantize_bias and bias is not None:
-                input_map[bias] = qw.DerivedQuantizationSpec(
-                    derived_from=[(x, conv), (weight, conv)],
-                    derive_qparams_fn=_derived_bias_qparams,
-                    dtype=torch.int32,
-                    quant_min=-(2**31),
-                    quant_max=2**31 - 1,
-                    qscheme=torch.per_channel_symmetric,
-                    ch_axis=0,
-                )
-            conv.meta["quantization_annotation"] = qw.QuantizationAnnotation(input_qspec_map=input_map, _annotated=True)
-            (bn,) = conv.users
-            last = next(iter(bn.users)) if bn.users and next(iter(bn.users)).target is aten.relu.default else bn
-            last.meta["quantization_annotation"] = qw.QuantizationAnnotation(output_qspec=ACT, _annotated=True)
-        return model
-
-    def validate(self, model):
-        pass
 
 
 class ConvBnReLU(nn.Module):

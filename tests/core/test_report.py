@@ -6,49 +6,12 @@ import torch
 
 import quantweave as qw
 from quantweave.compose import ComposableQuantizer
-from quantweave.observers import MinMaxObserver, PerChannelMinMaxObserver
-from quantweave.report import SKIP_REASON_KEY, annotation_report
-from tests.helpers import export
+from quantweave.report import annotation_report
+from tests.helpers import WEIGHTED_ACT as ACT
+from tests.helpers import ConvMeanMlp as Model
+from tests.helpers import Weighted, export
 
 aten = torch.ops.aten
-ACT = qw.QuantizationSpec(dtype=torch.uint8, observer_or_fake_quant_ctr=MinMaxObserver)
-W = qw.QuantizationSpec(
-    dtype=torch.int8,
-    qscheme=torch.per_channel_symmetric,
-    ch_axis=0,
-    observer_or_fake_quant_ctr=PerChannelMinMaxObserver,
-)
-
-
-class Weighted(qw.Quantizer):
-    def __init__(self, name, target, skip_module=None):
-        self.name, self.target, self.skip_module = name, target, skip_module
-
-    def annotate(self, model):
-        for node in model.graph.nodes:
-            if node.target != self.target or qw.is_annotated(node):
-                continue
-            stack = node.meta.get("nn_module_stack", {})
-            if self.skip_module and any(path == self.skip_module for path, _ in stack.values()):
-                node.meta[SKIP_REASON_KEY] = f"module name {self.skip_module!r} configured None"
-                continue
-            qw.annotate_input_qspec_map(node, node.args[0], ACT)
-            qw.annotate_input_qspec_map(node, node.args[1], W)
-            qw.annotate_output_qspec(node, ACT)
-            node.meta["quantization_annotation"]._annotated = True
-        return model
-
-
-class Model(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 4, 3)
-        self.fc1 = torch.nn.Linear(4, 4)
-        self.fc2 = torch.nn.Linear(4, 2)
-
-    def forward(self, x):
-        y = self.conv(x).mean((2, 3))
-        return torch.sigmoid(self.fc2(self.fc1(y)))
 
 
 def test_report_names_quantizers_and_reasons():

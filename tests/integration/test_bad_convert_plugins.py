@@ -9,15 +9,14 @@ import pytest
 import torch
 
 import quantweave as qw
-from tests.core.test_bad_convert import X, _exported
-from tests.helpers import Snapshot, assert_names
+from tests.helpers import CONV_RELU_INPUT, Snapshot, assert_names, exported_conv_relu
 
 
 def _prepared(calibrated: bool = True) -> torch.fx.GraphModule:
-    """tests/core/test_bad_convert.py's model prepared by x86 (and calibrated on its X)."""
-    prepared = qw.prepare_pt2e(_exported(), qw.get_quantizer("x86"))
+    """tests.helpers.ConvRelu prepared by x86 (and calibrated on CONV_RELU_INPUT)."""
+    prepared = qw.prepare_pt2e(exported_conv_relu(), qw.get_quantizer("x86"))
     if calibrated:
-        prepared(X)
+        prepared(CONV_RELU_INPUT)
     return prepared
 
 
@@ -31,7 +30,7 @@ def test_converting_twice_warns_naming_a_quantize_node():
     with pytest.warns(qw.MisuseWarning) as caught:
         again = qw.convert_pt2e(converted)
     assert_names(caught, "converted already", "quantize/dequantize")
-    assert torch.equal(again(X), converted(X))
+    assert torch.equal(again(CONV_RELU_INPUT), converted(CONV_RELU_INPUT))
     assert before.differences(converted) == []
 
 

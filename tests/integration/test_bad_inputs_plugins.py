@@ -9,8 +9,7 @@ import pytest
 import torch
 
 import quantweave as qw
-from tests.core.test_bad_inputs import Caller, ConvLinear, clone_inputs
-from tests.helpers import Snapshot, assert_names
+from tests.helpers import Caller, Snapshot, SplitConvLinear, assert_names, clone_inputs
 
 
 def _flow(caller: Caller, quantizer: Any) -> torch.Tensor:
@@ -20,7 +19,7 @@ def _flow(caller: Caller, quantizer: Any) -> torch.Tensor:
 
 
 def test_what_is_not_an_exported_graph_module_raises_type_error_naming_it():
-    model = ConvLinear().eval()
+    model = SplitConvLinear().eval()
     x = torch.randn(1, 3, 8, 8)
     exported_program = torch.export.export(model, (x,))
     for wrong in (model, exported_program):
@@ -110,7 +109,7 @@ def test_in_place_ops_give_a_correct_result():
 
 def test_dynamic_shapes_give_a_correct_result_at_other_batch_sizes():
     batch = torch.export.Dim("batch", min=1, max=16)
-    caller = Caller(ConvLinear(), torch.randn(2, 3, 8, 8), dynamic_shapes=({0: batch},))
+    caller = Caller(SplitConvLinear(), torch.randn(2, 3, 8, 8), dynamic_shapes=({0: batch},))
     prepared = qw.prepare_pt2e(caller.gm, qw.get_quantizer("xnnpack"))
     for n in (1, 3, 5):
         prepared(torch.randn(n, 3, 8, 8))

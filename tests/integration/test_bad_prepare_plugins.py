@@ -14,12 +14,13 @@ from quantweave.observers import (
     FakeQuantizeBase,
     FixedQParamsFakeQuantize,
 )
-from tests.core.test_bad_prepare import Caller, FnQuantizer, Net, _on, linear
-from tests.helpers import Snapshot, assert_names
+from tests.helpers import ConvLinearSum, ConvLinearSumCaller, FnQuantizer, Snapshot, annotate_on, assert_names
+
+linear = torch.ops.aten.linear.default
 
 
 def test_a_symbolically_traced_graph_module_raises_saying_to_export():
-    traced = torch.fx.symbolic_trace(Net().eval())
+    traced = torch.fx.symbolic_trace(ConvLinearSum().eval())
     before = Snapshot.of(traced)
     with pytest.raises(ValueError) as info:
         qw.prepare_pt2e(traced, qw.get_quantizer("x86"))
@@ -29,7 +30,7 @@ def test_a_symbolically_traced_graph_module_raises_saying_to_export():
 
 
 def test_preparing_a_prepared_model_raises_naming_an_observer():
-    caller = Caller()
+    caller = ConvLinearSumCaller()
     prepared = qw.prepare_pt2e(caller.gm, qw.get_quantizer("x86"))
     before = Snapshot.of(prepared)
     for prepare in (qw.prepare_pt2e, qw.prepare_qat_pt2e):
@@ -44,7 +45,7 @@ def test_preparing_a_prepared_model_raises_naming_an_observer():
 def test_a_quantizer_class_instead_of_an_instance_raises_saying_so(api):
     from quantweave_x86 import X86InductorQuantizer
 
-    caller = Caller()
+    caller = ConvLinearSumCaller()
     with pytest.raises(TypeError) as info:
         api(caller.gm, X86InductorQuantizer)
     assert_names(info, "X86InductorQuantizer", "class", "X86InductorQuantizer()")
@@ -52,7 +53,7 @@ def test_a_quantizer_class_instead_of_an_instance_raises_saying_so(api):
 
 
 def test_qat_with_a_post_training_quantizer_raises_naming_the_quantizer_and_an_edge():
-    caller = Caller(train=True)
+    caller = ConvLinearSumCaller(train=True)
     with pytest.raises(qw.AnnotationError) as info:
         qw.prepare_qat_pt2e(caller.gm, qw.get_quantizer("x86"))
     assert_names(info, "prepare_qat_pt2e", "'x86'", "plain observers", "edge '")
@@ -60,7 +61,7 @@ def test_qat_with_a_post_training_quantizer_raises_naming_the_quantizer_and_an_e
 
 
 def test_prepare_pt2e_with_fake_quantizers_warns_naming_the_quantizer():
-    caller = Caller()
+    caller = ConvLinearSumCaller()
     with pytest.warns(qw.MisuseWarning) as caught:
         qw.prepare_pt2e(caller.gm, qw.get_quantizer("x86", is_qat=True))
     assert_names(caught, "prepare_pt2e", "'x86'", "fake-quantizers", "prepare_qat")
@@ -71,9 +72,11 @@ def test_ptq_and_qat_with_matching_quantizers_do_not_warn():
     fixed = qw.FixedQParamsQuantizationSpec(torch.uint8, 1 / 256, 0)  # a FixedQParamsFakeQuantize in QAT
     with warnings.catch_warnings():
         warnings.simplefilter("error", qw.MisuseWarning)
-        ptq = qw.prepare_pt2e(Caller().gm, qw.get_quantizer("x86"))
-        qat = qw.prepare_qat_pt2e(Caller(train=True).gm, qw.get_quantizer("x86", is_qat=True))
-        fixed_qat = qw.prepare_qat_pt2e(Caller(train=True).gm, FnQuantizer(_on(linear, "out", fixed)))
+        ptq = qw.prepare_pt2e(ConvLinearSumCaller().gm, qw.get_quantizer("x86"))
+        qat = qw.prepare_qat_pt2e(ConvLinearSumCaller(train=True).gm, qw.get_quantizer("x86", is_qat=True))
+        fixed_qat = qw.prepare_qat_pt2e(
+            ConvLinearSumCaller(train=True).gm, FnQuantizer(annotate_on(linear, "out", fixed))
+        )
     assert not any(isinstance(m, FakeQuantize) for m in ptq.modules())
     assert any(isinstance(m, FakeQuantizeBase) for m in qat.modules())
     assert any(isinstance(m, FixedQParamsFakeQuantize) for m in fixed_qat.modules())

@@ -8,7 +8,7 @@ import sys
 
 import quantweave as qw
 from quantweave.registry import PluginManager
-from tests.core.test_cli import run
+from tests.helpers import run_cli
 
 
 def test_python_dash_m_runs_the_cli():
@@ -29,7 +29,7 @@ def test_capability_details_show_what_happens_to_the_whole_pattern(capsys):
 
     pm = PluginManager(entry_points=[])
     pm.register("x86", x86_plugin)
-    code, out = run(capsys, pm, "capabilities", "--plugin", "x86", "--mode", "static", "--details")
+    code, out = run_cli(capsys, pm, "capabilities", "--plugin", "x86", "--mode", "static", "--details")
     lines = out.splitlines()
     assert code == 0
     assert lines[0].split() == [

@@ -6,8 +6,9 @@ import torch
 import quantweave as qw
 from quantweave.compose import ComposableQuantizer
 from quantweave.report import annotation_report
-from tests.core.test_report import Model, Weighted, aten
-from tests.helpers import export
+from tests.helpers import ConvMeanMlp, Weighted, export
+
+aten = torch.ops.aten
 
 
 def test_a_relu_fused_by_a_composed_member_is_reported_quantized_by_it():
@@ -156,7 +157,7 @@ def test_a_node_x86_skips_by_configuration_names_it():
     pytest = __import__("pytest")
     x86 = pytest.importorskip("quantweave_x86")
     quantizer = x86.X86InductorQuantizer().set_module_name_qconfig("fc2", None)
-    prepared = qw.prepare_pt2e(export(Model(), torch.randn(1, 3, 8, 8)), quantizer)
+    prepared = qw.prepare_pt2e(export(ConvMeanMlp(), torch.randn(1, 3, 8, 8)), quantizer)
     row = {r.node: r for r in annotation_report(prepared, quantizer).nodes}["linear_1"]
     assert (row.status, row.kind, row.reason) == (
         "float",

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 import quantweave as qw
 from quantweave_onnxruntime import ORTQuantizer, int8_kernels, ort_session, to_onnx
 from quantweave_onnxruntime.testing import REDUCE_RANGE, Block, output_step, products, quantize, run, sqnr
+from tests.helpers import ort_cnn
 
 ort = pytest.importorskip("onnxruntime", reason="needs onnx, onnxscript and onnxruntime (tox -e onnxruntime)")
 quantization = pytest.importorskip("onnxruntime.quantization", reason="needs onnxruntime (tox -e onnxruntime)")
@@ -229,9 +230,7 @@ def test_bert_from_a_config_every_linear_and_attention_matmul_int8(tmp_path, dyn
 
 
 def test_symmetric_int8_activations_form_what_ort_forms_for_its_own_symmetric_model(tmp_path):
-    from tests.onnxruntime.test_ort_runtime import _cnn
-
-    model, batches, x = _cnn()
+    model, batches, x = ort_cnn()
     # the default observer: MinMax with symmetric activations (torch's histogram search is affine)
     quantizer = ORTQuantizer(activation_dtype="int8", symmetric_activations=True, reduce_range=REDUCE_RANGE)
     assert quantizer.observer == "minmax"

@@ -9,19 +9,13 @@ import torch
 import quantweave as qw
 from quantweave_onnxruntime import ORTQuantizer, export_onnx, int8_kernels, ort_session
 from quantweave_onnxruntime.testing import CNN, MLP, REDUCE_RANGE, TokenMLP, output_step, products, quantize, sqnr
+from tests.helpers import ort_cnn
 
 ort = pytest.importorskip("onnxruntime", reason="needs onnx, onnxscript and onnxruntime (tox -e onnxruntime)")
 quantization = pytest.importorskip("onnxruntime.quantization", reason="needs onnxruntime (tox -e onnxruntime)")
 from quantweave_onnxruntime.testing import ort_quantize_static  # noqa: E402  (after the skip: imports onnxruntime)
 
 pytestmark = pytest.mark.onnxruntime
-
-
-def _cnn():
-    torch.manual_seed(0)
-    model = CNN(channels=16).eval()
-    batches = [torch.randn(8, 3, 64, 64) for _ in range(4)]
-    return model, batches, torch.randn(8, 3, 64, 64)
 
 
 def _mlp():
@@ -49,7 +43,7 @@ def _ort_quantize_static(model, batches, x, tmp_path, activation_type="uint8"):
 @pytest.fixture(scope="module")
 def cnn_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cnn")
-    model, batches, x = _cnn()
+    model, batches, x = ort_cnn()
     converted, ours = _ours(model, batches, x, tmp / "ours.onnx")
     float_path, theirs = _ort_quantize_static(model, batches, x, tmp)
     return {"model": model, "x": x, "converted": converted, "ours": ours, "ort": theirs, "float": float_path}
@@ -107,7 +101,7 @@ def test_export_reports_a_missing_directory(tmp_path, cnn_runs):
 
 
 def test_int8_activations_form_the_kernels_ort_forms_for_its_own_qint8_model(tmp_path):
-    model, batches, x = _cnn()
+    model, batches, x = ort_cnn()
     quantizer = ORTQuantizer(activation_dtype="int8", reduce_range=REDUCE_RANGE)
     prepared = qw.prepare_pt2e(torch.export.export(model, (x,)).module(), quantizer)
     for batch in batches:

@@ -14,18 +14,20 @@ import torch
 
 import quantweave as qw
 from quantweave.testing.inspect import qdq_summary
-from tests.core.test_dropin import (
+from tests.helpers import (
     ChunkedConvBn,
+    ConvBn,
+    ConvBnQATQuantizer,
     IndexPutBuffer,
     KVCache,
     PaddedConvBn,
     RefNet,
     ScanLinear,
     TwoLinears,
-    _randomise_bn,
     calls,
+    export,
+    randomise_bn,
 )
-from tests.helpers import export
 from tests.seed_tutorial import TutorialNet, build, quantweave_names, torchao_names
 
 pytestmark = pytest.mark.peer
@@ -287,9 +289,6 @@ def test_affine_observer_converts_itself_as_in_torchao(ao):
 
 
 def test_qat_convert_after_torchaos_move_to_eval(ao):
-    from tests.core.test_dropin import ConvBn
-    from tests.core.test_qat import ConvBnQATQuantizer
-
     torch.manual_seed(0)
     prepared = qw.prepare_qat_pt2e(
         torch.export.export(ConvBn().train(), (torch.randn(2, 3, 8, 8),)).module(), ConvBnQATQuantizer()
@@ -318,8 +317,8 @@ def test_eval_and_train_raise_in_both(ao):
 def test_bn_folding_coverage_equals_torchao(ao):
     torch.manual_seed(0)
     padded, chunked = PaddedConvBn().eval(), ChunkedConvBn().eval()
-    _randomise_bn(padded.bn)
-    _randomise_bn(chunked.bn)
+    randomise_bn(padded.bn)
+    randomise_bn(chunked.bn)
     linear3d = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.BatchNorm1d(5)).eval()
     cases = [
         (padded, (torch.randn(1, 3, 8, 8),), aten.conv2d.padding),

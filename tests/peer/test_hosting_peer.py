@@ -19,7 +19,7 @@ from quantweave.convert import dequantize_ops, quantize_ops
 from quantweave.testing import models
 from quantweave.testing.inspect import qdq_summary
 from quantweave.testing.reference import make_reference_quantizer
-from tests.helpers import export
+from tests.helpers import export, share_through_a_missing_edge
 
 pytestmark = pytest.mark.peer
 xnnpack_like = pytest.importorskip("torchao.testing.pt2e._xnnpack_quantizer")
@@ -107,8 +107,6 @@ def test_a_torchao_quantizer_converts_through_quantweave_as_through_torchao(name
 
 
 def test_a_shared_spec_naming_a_missing_edge_converts_as_torchao(torchao_api, torchao_flow):
-    from tests.core.test_hosting import share_through_a_missing_edge
-
     torch.manual_seed(0)
     model, inputs = MODELS["mlp"]()
     ours, out = run((qw.prepare_pt2e, qw.convert_pt2e), model, inputs, share_through_a_missing_edge(torchao_api))
