@@ -1,5 +1,7 @@
-"""The core has no import cycles, and the plugin contract stays a leaf (static check, no torch
-needed: runs in the tox `lint` env as well as with the suite).
+"""The core has no import cycles, the plugin contract stays a leaf, and no module of the repository
+imports a test module: shared test helpers live in helper modules (tests/helpers.py and its topical
+neighbours), never in a ``test_*.py`` another module imports (static check, no torch needed: runs in
+the tox `lint` env as well as with the suite).
 
 Every import counts, wherever it stands: at module level and inside functions and methods
 (an import deferred into a function is a cycle all the same, only hidden until the call);
@@ -10,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "core" / "src"
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "core" / "src"
 PACKAGE = "quantweave"
 
 
@@ -161,3 +164,98 @@ def test_the_plugin_contract_never_reaches_the_loader(leaf):
             reached.add(nxt)
             todo.append(nxt)
     assert not reached & {"quantweave.registry", "quantweave.hookspecs", "quantweave.cli"}, sorted(reached)
+
+
+# -- no module imports a test module
+
+
+SKIPPED_DIRS = {"build", "dist", "__pycache__", "node_modules", "venv", "site-packages"}
+
+
+def _skipped_dir(name: str) -> bool:
+    return name.startswith(".") or name in SKIPPED_DIRS or name.endswith(".egg-info")
+
+
+def _python_files(root: Path) -> list[Path]:
+    return sorted(
+        p for p in root.rglob("*.py") if not any(_skipped_dir(part) for part in p.relative_to(root).parts[:-1])
+    )
+
+
+def _is_test_module(path: Path) -> bool:
+    """What pytest collects as a test module (its default ``python_files``: test_*.py, *_test.py)."""
+    return path.name.startswith("test_") or path.stem.endswith("_test")
+
+
+def _import_name(path: Path) -> str:
+    """The name pytest imports ``path`` under (its default "prepend" mode): the file's name dotted
+    onto each enclosing directory that holds an ``__init__.py``."""
+    parts = [] if path.name == "__init__.py" else [path.stem]
+    folder = path.parent
+    while (folder / "__init__.py").is_file():
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    return ".".join(parts)
+
+
+def _imported_names(node: ast.Import | ast.ImportFrom, importer: str, is_package: bool) -> list[str]:
+    """Every module name an import statement may import (for ``from a import b``: ``a`` and ``a.b``)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:
+        anchor = importer.split(".") if is_package else importer.split(".")[:-1]
+        anchor = anchor[: len(anchor) - (node.level - 1)]
+        base = ".".join(anchor + ([base] if base else []))
+    return [base] + [f"{base}.{alias.name}" if base else alias.name for alias in node.names]
+
+
+def imports_of_test_modules(root: Path) -> list[str]:
+    """'importer imports module (line n)' for each import, anywhere under ``root`` and at any depth
+    (functions included), of a test module other than the importer itself."""
+    files = _python_files(root)
+    tests = {_import_name(p): p for p in files if _is_test_module(p)}
+    found = []
+    for path in files:
+        importer = _import_name(path)
+        for node in _all_imports(ast.parse(path.read_text(), str(path))):
+            for name in _imported_names(node, importer, path.name == "__init__.py"):
+                if name in tests and tests[name] != path:
+                    where = path.relative_to(root).as_posix()
+                    found.append(f"{where} imports {name} (line {node.lineno})")
+    return sorted(set(found))
+
+
+def test_no_module_imports_a_test_module():
+    found = imports_of_test_modules(ROOT)
+    assert found == [], "move what they share into tests/helpers.py (or a topical helper module beside it)"
+
+
+def test_an_import_of_a_test_module_is_found_naming_importer_and_imported(tmp_path):
+    files = {
+        "tests/__init__.py": "",
+        "tests/helpers.py": "def shared(): ...\n",
+        "tests/core/__init__.py": "",
+        "tests/core/test_a.py": "from tests.helpers import shared\nfrom tests.core.test_a import shared\n",
+        "tests/core/test_b.py": "def f():\n    from tests.core.test_a import shared\n",
+        "tests/core/test_c.py": "from . import test_a\nfrom .test_b import f\n",
+        "tests/other/__init__.py": "",
+        "tests/other/test_d.py": "import tests.core.test_c\nfrom ..core import helpers_like\n",
+        "tests/other/helper.py": "from tests.core.test_b import f\n",
+        "tests/other/_lazy_test.py": "",
+        "tests/other/test_e.py": "from tests.other import _lazy_test\n",
+        "contrib/x/tests/test_f.py": "from test_g import g\n",
+        "contrib/x/tests/test_g.py": "def g(): ...\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert imports_of_test_modules(tmp_path) == [
+        "contrib/x/tests/test_f.py imports test_g (line 1)",
+        "tests/core/test_b.py imports tests.core.test_a (line 2)",
+        "tests/core/test_c.py imports tests.core.test_a (line 1)",
+        "tests/core/test_c.py imports tests.core.test_b (line 2)",
+        "tests/other/helper.py imports tests.core.test_b (line 1)",
+        "tests/other/test_d.py imports tests.core.test_c (line 1)",
+        "tests/other/test_e.py imports tests.other._lazy_test (line 1)",
+    ]
