@@ -31,6 +31,7 @@ from ._modules.convert_rules import (
     port_quantization_tags,
     replace_placeholder,
 )
+from ._modules.gc_pause import pausing_collections
 from ._modules.graph import (
     check_graph_module,
     copy_graph_module,
@@ -114,6 +115,7 @@ _CHOOSE_QPARAMS = {
 }
 
 
+@pausing_collections
 def convert_pt2e(
     model: GraphModule, fold_quantize: bool = True, *, use_reference_representation: bool = False
 ) -> GraphModule:
