@@ -20,6 +20,7 @@ which is the value they saw before.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -44,11 +45,32 @@ def _returns_alias(node: Node) -> bool:
     return any(ret.alias_info is not None for ret in schema.returns)
 
 
+#: op -> its functional overload or None (an op's schema never changes: read once per op, not once
+#: per node; prepare asks twice per node)
+_FUNCTIONAL: dict[Any, Any] = {}
+_UNSEEN = object()
+
+
 def functional_overload(target: Any) -> Any | None:
     """The functional aten overload of an in-place aten op that writes only its first
     argument (``aten.add_.Tensor`` -> ``aten.add.Tensor``), or None."""
+    try:
+        cached = _FUNCTIONAL.get(target, _UNSEEN)
+    except TypeError:  # unhashable
+        cached = _UNSEEN
+    if cached is not _UNSEEN:
+        return cached
     schema = getattr(target, "_schema", None)
-    if schema is None or not schema.name.startswith("aten::") or not schema.arguments:
+    if schema is None:
+        return None  # not an op (getitem, a Python callable): nothing kept for it
+    overload = _functional_overload(schema)
+    with contextlib.suppress(TypeError):  # an unhashable target: its schema is read every time
+        _FUNCTIONAL[target] = overload
+    return overload
+
+
+def _functional_overload(schema: Any) -> Any | None:
+    if not schema.name.startswith("aten::") or not schema.arguments:
         return None
     name = schema.name.split("::", 1)[1]
     if not name.endswith("_") or name.startswith("_"):
