@@ -145,6 +145,37 @@ def test_observer_qparams_per_row_and_group(symmetric):
     assert torch.equal(zp, ref_zp)
 
 
+def _symmetric_scales_as_torch_computes_them(min_val, max_val, qmin, qmax, eps):
+    """torch's symmetric per-channel expressions: max(|min(min, 0)|, max(max, 0)) / ((qmax - qmin) / 2),
+    at least eps."""
+    amax = torch.maximum(-torch.clamp(min_val, max=0.0), torch.clamp(max_val, min=0.0))
+    return torch.clamp(amax / ((qmax - qmin) / 2), min=eps).to(torch.float32)
+
+
+@pytest.mark.parametrize(
+    ("qmin", "qmax", "dtype"), [(-8, 7, torch.int8), (-128, 127, torch.int8), (0, 15, torch.uint8)]
+)
+@pytest.mark.parametrize("eps", [float(torch.finfo(torch.float32).eps), 2.0**-12, 1e-30])
+def test_symmetric_scales_are_torchs_bit_for_bit(qmin, qmax, dtype, eps):
+    """On every kind of min / max a state can hold -- observed ranges, zeros of both signs, tiny and
+    huge values, infinities, NaN, and a minimum above the maximum (a state set by hand) -- the
+    symmetric scales are the float32 bits of torch's expressions, and the zero points the middle."""
+    torch.manual_seed(0)
+    special = torch.tensor([0.0, -0.0, 1e-45, -1e-45, 1e-38, 3e38, -3e38, float("inf"), float("-inf"), float("nan")])
+    lows = torch.cat([-torch.rand(200) * 10 ** torch.randint(-40, 38, (200,)).float(), special, torch.rand(20)])
+    highs = torch.cat([torch.rand(200) * 10 ** torch.randint(-40, 38, (200,)).float(), special, -torch.rand(20)])
+    min_val, max_val = torch.meshgrid(lows, highs, indexing="ij")
+    obs = PerGroupMinMaxObserver(group_size=2, dtype=dtype, quant_min=qmin, quant_max=qmax, eps=eps)
+    obs.min_val, obs.max_val = min_val.reshape(-1, 4).clone(), max_val.reshape(-1, 4).clone()
+    scale, zero_point = obs.calculate_qparams()
+    expected = _symmetric_scales_as_torch_computes_them(obs.min_val, obs.max_val, qmin, qmax, eps)
+    assert scale.dtype == torch.float32 and torch.equal(scale.view(torch.int32), expected.view(torch.int32))
+    middle = 0 if dtype == torch.int8 else (qmin + qmax + 1) // 2
+    assert zero_point.dtype == torch.int32 and bool((zero_point == middle).all())
+    for state, given in ((obs.min_val, min_val), (obs.max_val, max_val)):  # left as it was (bits: NaN included)
+        assert torch.equal(state.view(torch.int32), given.reshape(-1, 4).view(torch.int32))
+
+
 def test_observer_keeps_running_min_max():
     obs = PerGroupMinMaxObserver(group_size=2)
     obs(torch.tensor([[1.0, -1.0, 0.5, 0.5]]))

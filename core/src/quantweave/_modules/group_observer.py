@@ -117,6 +117,15 @@ class PerGroupMinMaxObserver(ObserverBase):
         if self.min_val.numel() == 0:
             raise RuntimeError("PerGroupMinMaxObserver: calculate_qparams before any data was observed")
         qmin, qmax = self.quant_min, self.quant_max
+        if self.qscheme == torch.per_channel_symmetric and self.eps > 0:
+            # max(|min(min_val, 0)|, max(max_val, 0)) / half range, at least eps, in two ops fewer:
+            # max(-min_val, max_val) differs from it only where both are negative (or a zero's
+            # sign), where both quotients are <= 0 < eps and the scale is eps; NaN and inf carry alike
+            amax = torch.maximum(torch.neg(self.min_val), self.max_val)
+            scale = amax.div_((qmax - qmin) / 2).clamp_(min=self.eps)
+            middle = 0 if dtype_range(integer_dtype(self.dtype))[0] < 0 else (qmin + qmax + 1) // 2
+            zero_point = torch.full_like(scale, middle, dtype=torch.int32)
+            return scale.to(torch.float32), zero_point
         min_neg = torch.clamp(self.min_val, max=0.0)
         max_pos = torch.clamp(self.max_val, min=0.0)
         if self.qscheme == torch.per_channel_symmetric:
