@@ -31,6 +31,7 @@ from ._modules.convert_rules import (
     port_quantization_tags,
     replace_placeholder,
 )
+from ._modules.finite import remembering_proofs
 from ._modules.gc_pause import pausing_collections
 from ._modules.graph import (
     check_graph_module,
@@ -139,6 +140,11 @@ def convert_pt2e(
         raise TypeError(
             f"convert_pt2e: use_reference_representation must be a bool; got {use_reference_representation!r}"
         )
+    with remembering_proofs():  # an observer's range proven finite is not checked again in this call
+        return _convert(model, fold_quantize, use_reference_representation)
+
+
+def _convert(model: GraphModule, fold_quantize: bool, use_reference_representation: bool) -> GraphModule:
     gm, _ = copy_graph_module(model)
     map_subgraphs(
         gm,
