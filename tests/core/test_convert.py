@@ -255,3 +255,26 @@ def test_fold_quantize_must_be_a_bool():
     with pytest.raises(TypeError) as info:
         qw.convert_pt2e(prepared, fold_quantize="no")
     assert_names(info, "fold_quantize", "bool", "'no'")
+
+
+def test_new_attr_name_with_a_memo_names_what_a_search_from_zero_names():
+    """Convert names frozen weights one after another, starting each search after the last name
+    (linear in the number of weights): the names are those of a search from 0 every time, with
+    names taken beforehand, names another prefix takes and names registered between the calls."""
+    from quantweave._modules.graph import new_attr_name
+
+    def names(memo):
+        module = torch.nn.Module()
+        module.register_buffer("_frozen_param1", torch.zeros(1))  # taken before: skipped, 0 is free
+        module.register_buffer("_frozen_param3", torch.zeros(1))
+        got = []
+        for i in range(6):
+            prefix = "_frozen_param" if i != 2 else "_other_"
+            name = new_attr_name(module, prefix, memo)
+            module.register_buffer(name, torch.zeros(1))
+            got.append(name)
+        return got
+
+    expected = ["_frozen_param0", "_frozen_param2", "_other_0", "_frozen_param4", "_frozen_param5", "_frozen_param6"]
+    assert names(None) == expected
+    assert names({}) == expected

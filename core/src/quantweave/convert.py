@@ -165,6 +165,7 @@ def _convert(model: GraphModule, fold_quantize: bool, use_reference_representati
     # one observer module may sit at several nodes (sharing); its qparams are computed once
     qparams_cache: dict[int, tuple[Any, Any]] = {}
     workspace = new_workspace()  # every weight is quantized in this one block buffer
+    taken_below: dict[str, int] = {}  # names of the frozen weights: each search starts after the last one
     hook_nodes: list[Node] = []
     for node in observer_nodes:
         module = gm.get_submodule(str(node.target))
@@ -177,7 +178,7 @@ def _convert(model: GraphModule, fold_quantize: bool, use_reference_representati
         source = node.args[0]
         assert isinstance(source, Node)
         fold = fold_quantize and is_constant(source, constant_cache)
-        _replace_observer(gm, node, module, fold, constant_values, qparams_cache, workspace)
+        _replace_observer(gm, node, module, fold, constant_values, qparams_cache, workspace, taken_below)
         if fold:
             folded_inputs.append(source)
     if fold_quantize and hook_nodes:
@@ -279,6 +280,7 @@ def _replace_observer(
     constant_values: dict[Node, Any],
     qparams_cache: dict[int, tuple[Any, Any]],
     workspace: Any = None,
+    taken_below: dict[str, int] | None = None,
 ) -> None:
     graph = gm.graph
     _qd = quantized_decomposed_ops()
@@ -347,7 +349,7 @@ def _replace_observer(
                 weight = evaluate_constant(gm, source, constant_values)
                 nan_free = group_size is not None and observed_nan_free(module, weight)
                 qvalue = quantize_weight(q_op, weight, values, workspace, nan_free=nan_free)
-            q_name = new_attr_name(gm, "_frozen_param")
+            q_name = new_attr_name(gm, "_frozen_param", taken_below)
             gm.register_buffer(q_name, qvalue)
             quant = graph.get_attr(q_name)
         else:

@@ -129,10 +129,18 @@ def rebuild(model: GraphModule, signature_from: torch.nn.Module | None = None) -
     return fresh
 
 
-def new_attr_name(model: torch.nn.Module, prefix: str) -> str:
-    i = 0
+def new_attr_name(model: torch.nn.Module, prefix: str, taken_below: dict[str, int] | None = None) -> str:
+    """``prefix`` + the smallest index >= 0 that names no attribute of ``model``.
+
+    ``taken_below`` (a caller's memo, per prefix): every index below the one recorded is known
+    to be taken, so the search starts there and the memo records the index returned (+ 1) --
+    the caller registers the name before asking again and removes none of them (a convert
+    naming one frozen weight after another: linear, not quadratic, in the number of weights)."""
+    i = 0 if taken_below is None else taken_below.get(prefix, 0)
     while hasattr(model, f"{prefix}{i}"):
         i += 1
+    if taken_below is not None:
+        taken_below[prefix] = i + 1
     return f"{prefix}{i}"
 
 
