@@ -53,6 +53,15 @@ def test_the_integers_are_the_ops(dtype, zero_points, flat):
         assert torch.equal(ours, theirs), (quant_min, quant_max)
 
 
+def test_a_non_contiguous_weight_gives_the_ops_integers():
+    w, scales = _weight(torch.float32)
+    strided = w.t().contiguous().t()  # the same values, stored column by column
+    assert not strided.is_contiguous()
+    args = (scales, torch.zeros(scales.shape, dtype=torch.int32), -8, 7, torch.int8, 16)
+    ours = quantize_groups(strided, args, block_elements=5 * 64)  # blocks of 5 rows, the last one of 2
+    assert ours is not None and torch.equal(ours, OP(w, *args))
+
+
 def test_a_nan_raises_the_ops_assertion_error():
     w, scales = _weight(torch.float32)
     w[20, 7] = float("nan")
@@ -77,6 +86,7 @@ def test_what_it_does_not_handle_goes_to_the_op():
     assert quantize_groups(w, (*args[:5], 48), block_elements=64) is None  # groups that do not divide a row
     assert quantize_groups(w.reshape(37, 4, 16), args, block_elements=64) is None  # not 2-D
     assert quantize_groups(w, (scales[:-1], *args[1:]), block_elements=64) is None  # scales of other groups
+    assert quantize_groups(w, args, block_elements=32) is None  # rows longer than a block
     for value, args_ in [(w, args), (w.double(), args), (w, (scales.double(), *args[1:]))]:
         calls = []
         with _Recorder(calls):

@@ -91,6 +91,7 @@ def quantize_groups(
         and value.dim() == 2
         and value.dtype in _FLOATS
         and value.numel() > block_elements
+        and value.shape[1] <= block_elements  # a block holds at least one whole row
         and group_size > 1
         and value.shape[1] % group_size == 0
         and scales.dtype == torch.float32
@@ -110,19 +111,24 @@ def quantize_groups(
     out = torch.empty(value.shape, dtype=dtype, device=value.device)
     if workspace is None or workspace.block_elements < block_elements:
         workspace = chunked_quantize.Workspace(block_elements)
+    # views made once, not per block (a block is then a slice of each: fewer ops per block,
+    # the same elements in the same places); a non-contiguous weight is reshaped block by block
+    groups_of = value.view(-1, group_size) if value.is_contiguous() else None
+    full_work = workspace.take(step * columns, value.device).view(-1, group_size)
+    out_groups = out.view(-1, group_size)
     for start in range(0, rows, step):
         stop = min(rows, start + step)
-        block = value[start:stop].reshape(-1, group_size)
+        first, last = start * per_row, stop * per_row
+        block = groups_of[first:last] if groups_of is not None else value[start:stop].reshape(-1, group_size)
         if not nan_free and torch.isnan(block.sum()) and bool(torch.isnan(block).any()):
             raise AssertionError("to_quant must not contain NaNs")  # the op's error
-        first, last = start * per_row, stop * per_row
-        work = workspace.take(block.numel(), value.device).view(block.shape)
+        work = full_work if last - first == full_work.shape[0] else full_work[: last - first]
         torch.mul(block, inverse[first:last], out=work)
         if offsets is not None:
             work.add_(offsets[first:last])
         work.round_()
         work.clamp_(quant_min, quant_max)
-        out[start:stop].copy_(work.reshape(stop - start, columns))
+        out_groups[first:last].copy_(work)
     return out
 
 
