@@ -32,7 +32,6 @@ from ._modules.convert_rules import (
     replace_placeholder,
 )
 from ._modules.finite import remembering_proofs
-from ._modules.gc_pause import pausing_collections
 from ._modules.graph import (
     check_graph_module,
     copy_graph_module,
@@ -116,7 +115,6 @@ _CHOOSE_QPARAMS = {
 }
 
 
-@pausing_collections
 def convert_pt2e(
     model: GraphModule, fold_quantize: bool = True, *, use_reference_representation: bool = False
 ) -> GraphModule:

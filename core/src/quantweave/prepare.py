@@ -24,7 +24,6 @@ from ._modules.bn_fold import fold_batch_norm
 from ._modules.explained_guards import explain_guards
 from ._modules.foreign import PT2E_HOOKS, check_observers, translate_annotations
 from ._modules.functionalize import explain_left_in_place, functionalize_in_place
-from ._modules.gc_pause import pausing_collections
 from ._modules.graph import (
     check_graph_module,
     copy_graph_module,
@@ -55,7 +54,6 @@ __all__ = ["prepare_pt2e", "prepare_qat_pt2e", "OBSERVER_PREFIX"]
 OBSERVER_PREFIX = "activation_post_process_"
 
 
-@pausing_collections
 def prepare_pt2e(model: GraphModule, quantizer: Quantizer) -> GraphModule:
     """Annotate ``model`` with ``quantizer`` and return a copy with observers inserted.
 
@@ -66,7 +64,6 @@ def prepare_pt2e(model: GraphModule, quantizer: Quantizer) -> GraphModule:
     return _prepare(model, quantizer, is_qat=False)
 
 
-@pausing_collections
 def prepare_qat_pt2e(model: GraphModule, quantizer: Quantizer) -> GraphModule:
     """Like :func:`prepare_pt2e` but inserts fake-quantize modules for QAT.
 
