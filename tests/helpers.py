@@ -16,6 +16,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 import quantweave as qw
+from quantweave.authoring import annotate_input_qspec_map, annotate_output_qspec
 from quantweave.observers import (
     FakeQuantize,
     MinMaxObserver,
@@ -23,6 +24,7 @@ from quantweave.observers import (
     MovingAveragePerChannelMinMaxObserver,
     PerChannelMinMaxObserver,
 )
+from quantweave.plugin_api import is_annotated
 from quantweave.report import SKIP_REASON_KEY
 
 aten = torch.ops.aten
@@ -270,9 +272,9 @@ def annotate_on(target: Any, where: int | str, spec: Any) -> Callable[[GraphModu
     def fn(gm: GraphModule) -> None:
         node = node_of(gm, target)
         if where == "out":
-            qw.annotate_output_qspec(node, spec)
+            annotate_output_qspec(node, spec)
         else:
-            qw.annotate_input_qspec_map(node, node.args[where], spec)
+            annotate_input_qspec_map(node, node.args[where], spec)
 
     return fn
 
@@ -316,15 +318,15 @@ class Weighted(qw.Quantizer):
 
     def annotate(self, model):
         for node in model.graph.nodes:
-            if node.target != self.target or qw.is_annotated(node):
+            if node.target != self.target or is_annotated(node):
                 continue
             stack = node.meta.get("nn_module_stack", {})
             if self.skip_module and any(path == self.skip_module for path, _ in stack.values()):
                 node.meta[SKIP_REASON_KEY] = f"module name {self.skip_module!r} configured None"
                 continue
-            qw.annotate_input_qspec_map(node, node.args[0], WEIGHTED_ACT)
-            qw.annotate_input_qspec_map(node, node.args[1], WEIGHTED_WEIGHT)
-            qw.annotate_output_qspec(node, WEIGHTED_ACT)
+            annotate_input_qspec_map(node, node.args[0], WEIGHTED_ACT)
+            annotate_input_qspec_map(node, node.args[1], WEIGHTED_WEIGHT)
+            annotate_output_qspec(node, WEIGHTED_ACT)
             node.meta["quantization_annotation"]._annotated = True
         return model
 

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from quantweave.capabilities import PATTERNS
 from quantweave.hookspecs import QuantweaveHookSpecs
+from quantweave.vocabulary import PATTERNS
 
 DOC = (Path(__file__).resolve().parents[1] / "docs" / "plugins.md").read_text()
 

@@ -17,6 +17,7 @@ TEMPLATE_CAPABILITIES = [
 BROKEN_PLUGIN = """
 import torch
 import quantweave as qw
+from quantweave.authoring import annotate_input_qspec_map, annotate_output_qspec
 from quantweave.observers import HistogramObserver, PerChannelMinMaxObserver
 from quantweave.plugin_api import FLOAT, Capability, Mode, Quant, QuantizerInfo, TensorQuant, hookimpl, mark_annotated
 
@@ -40,9 +41,9 @@ class Broken(qw.Quantizer):
                                      qscheme=torch.per_channel_symmetric, ch_axis=0)
         for node in model.graph.nodes:
             if node.target == torch.ops.aten.linear.default:
-                qw.annotate_input_qspec_map(node, node.args[0], act)
-                qw.annotate_input_qspec_map(node, node.args[1], weight)
-                qw.annotate_output_qspec(node, act)
+                annotate_input_qspec_map(node, node.args[0], act)
+                annotate_input_qspec_map(node, node.args[1], weight)
+                annotate_output_qspec(node, act)
                 mark_annotated(node)
         return model
 

@@ -4,7 +4,16 @@ import pytest
 import torch
 
 import quantweave as qw
+from quantweave.authoring import (
+    annotate_input_qspec_map,
+    annotate_output_qspec,
+    get_bias_qspec,
+    get_input_act_qspec,
+    get_output_act_qspec,
+    get_weight_qspec,
+)
 from quantweave.observers import MinMaxObserver, PerChannelMinMaxObserver
+from quantweave.plugin_api import is_annotated
 from tests.helpers import assert_names
 
 
@@ -68,14 +77,14 @@ def test_config_helpers_return_the_right_spec():
     act = spec()
     weight = spec(qscheme=torch.per_channel_symmetric, ch_axis=0, observer_or_fake_quant_ctr=PerChannelMinMaxObserver)
     config = qw.QuantizationConfig(act, act, weight, None)
-    assert qw.get_input_act_qspec(config) is act
-    assert qw.get_output_act_qspec(config) is act
-    assert qw.get_weight_qspec(config) is weight
-    assert qw.get_bias_qspec(config) is None
-    assert qw.get_input_act_qspec(None) is None
+    assert get_input_act_qspec(config) is act
+    assert get_output_act_qspec(config) is act
+    assert get_weight_qspec(config) is weight
+    assert get_bias_qspec(config) is None
+    assert get_input_act_qspec(None) is None
     bad = qw.QuantizationConfig(weight, None, None, None)
     with pytest.raises(ValueError) as info:
-        qw.get_input_act_qspec(bad)
+        get_input_act_qspec(bad)
     assert_names(info, "input activation", "per-tensor")
 
 
@@ -87,14 +96,14 @@ def test_annotate_helpers_write_annotations_and_reject_non_inputs():
     gm = torch.export.export(M(), (torch.randn(2), torch.randn(2))).module()
     relu = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.relu.default)
     add = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.add.Tensor)
-    qw.annotate_input_qspec_map(add, relu, spec())
-    qw.annotate_output_qspec(add, spec())
+    annotate_input_qspec_map(add, relu, spec())
+    annotate_output_qspec(add, spec())
     annotation = add.meta["quantization_annotation"]
     assert annotation.input_qspec_map == {relu: spec()} and annotation.output_qspec == spec()
-    assert not qw.is_annotated(add)
+    assert not is_annotated(add)
     annotation._annotated = True
-    assert qw.is_annotated([relu, add])
+    assert is_annotated([relu, add])
     x = next(n for n in gm.graph.nodes if n.op == "placeholder")
     with pytest.raises(ValueError) as info:
-        qw.annotate_input_qspec_map(add, x, spec())
+        annotate_input_qspec_map(add, x, spec())
     assert_names(info, "'add'", "'x'", "not one of its inputs")

@@ -32,6 +32,7 @@ from quantweave.observers import (
     PerGroupMinMaxObserver,
     is_observer_module,
 )
+from quantweave.plugin_api import ANNOTATION_KEY
 from tests.helpers import assert_names
 
 aten = torch.ops.aten
@@ -70,7 +71,7 @@ class WeightedOps(qw.Quantizer):
         for node in model.graph.nodes:
             if node.target in (aten.conv2d.default, aten.linear.default):
                 weight = self.linear_weight if node.target == aten.linear.default else self.weight
-                node.meta[qw.ANNOTATION_KEY] = qw.QuantizationAnnotation(
+                node.meta[ANNOTATION_KEY] = qw.QuantizationAnnotation(
                     input_qspec_map={node.args[0]: self.act, node.args[1]: weight},
                     output_qspec=self.act,
                     _annotated=True,

@@ -24,7 +24,9 @@ import torch
 from torch.fx import GraphModule, Node
 
 import quantweave as qw
+from quantweave.authoring import annotate_input_qspec_map, annotate_output_qspec
 from quantweave.observers import MinMaxObserver
+from quantweave.plugin_api import mark_annotated
 from tests.helpers import Caller, Snapshot, SplitConvLinear, assert_names
 
 aten = torch.ops.aten
@@ -103,12 +105,12 @@ def _key_not_a_node(gm):
 
 
 def _spec_on_a_list_output(gm):  # split_with_sizes returns a list of tensors
-    qw.annotate_output_qspec(_node(gm, aten.split_with_sizes.default), ACT)
+    annotate_output_qspec(_node(gm, aten.split_with_sizes.default), ACT)
 
 
 def _spec_on_an_int_input(gm):
     embedding = _node(gm, aten.embedding.default)
-    qw.annotate_input_qspec_map(embedding, embedding.args[1], ACT)
+    annotate_input_qspec_map(embedding, embedding.args[1], ACT)
 
 
 def _shared_with_an_erased_node(gm):
@@ -116,24 +118,24 @@ def _shared_with_an_erased_node(gm):
     with gm.graph.inserting_before(conv):
         ghost = gm.graph.call_function(aten.relu.default, (conv.args[0],))
     gm.graph.erase_node(ghost)
-    qw.annotate_input_qspec_map(conv, conv.args[0], qw.SharedQuantizationSpec(ghost))
+    annotate_input_qspec_map(conv, conv.args[0], qw.SharedQuantizationSpec(ghost))
 
 
 def _shared_with_a_node_of_another_graph(gm):
     other = _export(SplitConvLinear(), torch.randn(1, 3, 8, 8))
     conv = _node(gm, aten.conv2d.default)
-    qw.annotate_input_qspec_map(conv, conv.args[0], qw.SharedQuantizationSpec(_node(other, aten.conv2d.default)))
+    annotate_input_qspec_map(conv, conv.args[0], qw.SharedQuantizationSpec(_node(other, aten.conv2d.default)))
 
 
 def _shared_with_an_unannotated_edge(gm):
     conv, relu = _node(gm, aten.conv2d.default), _node(gm, aten.relu.default)
-    qw.annotate_input_qspec_map(relu, conv, qw.SharedQuantizationSpec((conv.args[0], conv)))
+    annotate_input_qspec_map(relu, conv, qw.SharedQuantizationSpec((conv.args[0], conv)))
 
 
 def _cyclic_shared(gm):
     conv, relu = _node(gm, aten.conv2d.default), _node(gm, aten.relu.default)
-    qw.annotate_output_qspec(conv, qw.SharedQuantizationSpec(relu))
-    qw.annotate_output_qspec(relu, qw.SharedQuantizationSpec(conv))
+    annotate_output_qspec(conv, qw.SharedQuantizationSpec(relu))
+    annotate_output_qspec(relu, qw.SharedQuantizationSpec(conv))
 
 
 def _cyclic_derived(gm):
@@ -142,8 +144,8 @@ def _cyclic_derived(gm):
     def derive(observers):
         return torch.tensor([1.0]), torch.tensor([0])
 
-    qw.annotate_output_qspec(conv, qw.DerivedQuantizationSpec([relu], derive, torch.int32))
-    qw.annotate_output_qspec(relu, qw.DerivedQuantizationSpec([conv], derive, torch.int32))
+    annotate_output_qspec(conv, qw.DerivedQuantizationSpec([relu], derive, torch.int32))
+    annotate_output_qspec(relu, qw.DerivedQuantizationSpec([conv], derive, torch.int32))
 
 
 def _observer_that_cannot_be_built(gm):
@@ -152,9 +154,7 @@ def _observer_that_cannot_be_built(gm):
     def ctr(**kwargs):
         raise RuntimeError("no such observer")
 
-    qw.annotate_input_qspec_map(
-        conv, conv.args[0], qw.QuantizationSpec(dtype=torch.uint8, observer_or_fake_quant_ctr=ctr)
-    )
+    annotate_input_qspec_map(conv, conv.args[0], qw.QuantizationSpec(dtype=torch.uint8, observer_or_fake_quant_ctr=ctr))
 
 
 #: (case, annotate, exception class, regex the message must match: it names the node/edge)
@@ -229,7 +229,7 @@ def test_spec_on_a_symbolic_size_raises_naming_the_edge():
     def annotate(gm):
         reshape = _node(gm, aten.reshape.default)
         size = next(n for n in reshape.all_input_nodes if n.target == aten.sym_size.int)
-        qw.annotate_input_qspec_map(reshape, size, ACT)
+        annotate_input_qspec_map(reshape, size, ACT)
 
     with pytest.raises(qw.AnnotationError) as info:
         qw.prepare_pt2e(caller.gm, FnQuantizer(annotate))
@@ -243,8 +243,8 @@ def test_spec_on_a_symbolic_size_raises_naming_the_edge():
 def _derived_output(derive: Callable[[list[Any]], Any]) -> Callable[[GraphModule], None]:
     def fn(gm):
         linear = _node(gm, aten.linear.default)
-        qw.annotate_input_qspec_map(linear, linear.args[0], ACT)
-        qw.annotate_output_qspec(
+        annotate_input_qspec_map(linear, linear.args[0], ACT)
+        annotate_output_qspec(
             linear, qw.DerivedQuantizationSpec([(linear.args[0], linear)], derive, torch.uint8, 0, 255)
         )
 
@@ -301,7 +301,7 @@ def test_a_model_computing_nan_during_calibration_fails_at_convert_naming_the_ob
     caller = Caller(Nan(), torch.randn(2, 4))
 
     def annotate(gm):
-        qw.annotate_output_qspec(_node(gm, aten.log.default), ACT)
+        annotate_output_qspec(_node(gm, aten.log.default), ACT)
 
     prepared = qw.prepare_pt2e(caller.gm, FnQuantizer(annotate))
     prepared(*caller.inputs)
@@ -330,8 +330,8 @@ def test_calibration_skipped_raises_naming_every_observer():
 
     def annotate(gm):
         conv, linear = _node(gm, aten.conv2d.default), _node(gm, aten.linear.default)
-        qw.annotate_input_qspec_map(conv, conv.args[0], ACT)
-        qw.annotate_output_qspec(linear, ACT)
+        annotate_input_qspec_map(conv, conv.args[0], ACT)
+        annotate_output_qspec(linear, ACT)
 
     prepared = qw.prepare_pt2e(caller.gm, FnQuantizer(annotate))
     with pytest.raises(qw.ObserverNotCalibratedError) as info:
@@ -389,8 +389,8 @@ def test_broken_declarations_do_not_hide_what_was_quantized():
 
     def annotate(gm):
         conv = _node(gm, aten.conv2d.default)
-        qw.annotate_input_qspec_map(conv, conv.args[0], ACT)
-        qw.mark_annotated(conv, by="corpus")
+        annotate_input_qspec_map(conv, conv.args[0], ACT)
+        mark_annotated(conv, by="corpus")
 
     broken = FnQuantizer(annotate, raises={"quantization_capabilities": RuntimeError("declarations broken")})
     prepared = qw.prepare_pt2e(caller.gm, broken)

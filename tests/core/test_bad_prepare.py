@@ -13,6 +13,7 @@ import torch
 from torch.fx import GraphModule
 
 import quantweave as qw
+from quantweave.authoring import annotate_input_qspec_map
 from quantweave.observers import (
     FakeQuantize,
     MinMaxObserver,
@@ -56,13 +57,13 @@ def _grouped(group_size: int) -> qw.QuantizationSpec:
 def _shared_bias_with_weight_axis_1(gm: GraphModule) -> None:
     conv = _node(gm, aten.conv2d.default)
     weight, bias = conv.args[1], conv.args[2]
-    qw.annotate_input_qspec_map(conv, weight, _per_channel(1))
-    qw.annotate_input_qspec_map(conv, bias, qw.SharedQuantizationSpec((weight, conv)))
+    annotate_input_qspec_map(conv, weight, _per_channel(1))
+    annotate_input_qspec_map(conv, bias, qw.SharedQuantizationSpec((weight, conv)))
 
 
 def _derived_bias_axis_1(gm: GraphModule) -> None:
     linear = _node(gm, aten.linear.default)
-    qw.annotate_input_qspec_map(linear, linear.args[0], _spec())
+    annotate_input_qspec_map(linear, linear.args[0], _spec())
 
     def derive(observers: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.ones(6), torch.zeros(6, dtype=torch.int32)
@@ -70,7 +71,7 @@ def _derived_bias_axis_1(gm: GraphModule) -> None:
     derived = qw.DerivedQuantizationSpec(
         [(linear.args[0], linear)], derive, torch.int32, qscheme=torch.per_channel_symmetric, ch_axis=1
     )
-    qw.annotate_input_qspec_map(linear, linear.args[2], derived)
+    annotate_input_qspec_map(linear, linear.args[2], derived)
 
 
 conv, linear, total = aten.conv2d.default, aten.linear.default, aten.sum.default

@@ -7,6 +7,7 @@ import pytest
 import quantweave as qw
 from quantweave.capabilities import Capability, TensorQuant
 from quantweave.cli import main
+from quantweave.plugin_api import hookimpl
 from quantweave.registry import PluginManager, QuantizerInfo
 from tests.helpers import run_cli as run
 
@@ -25,7 +26,7 @@ class Plugin:
     def __init__(self, name, caps):
         self.name, self.caps = name, caps
 
-    @qw.hookimpl
+    @hookimpl
     def quantweave_quantizers(self):
         return [QuantizerInfo(self.name, Q, self.caps, mode_options={"dynamic": {}})]
 

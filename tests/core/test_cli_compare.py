@@ -10,6 +10,7 @@ from torch import nn
 
 import quantweave as qw
 from quantweave.cli import main
+from quantweave.plugin_api import hookimpl
 from quantweave.registry import PluginManager, QuantizerInfo
 from quantweave.testing.reference import make_reference_quantizer
 
@@ -47,7 +48,7 @@ def failing():
 class Plugin:
     QUANTWEAVE_PLUGIN_API = 1
 
-    @qw.hookimpl
+    @hookimpl
     def quantweave_quantizers(self):
         return [QuantizerInfo("reference", make_reference_quantizer)]
 
@@ -174,7 +175,7 @@ def test_a_failing_step_is_named(capsys, pm):
     class RefusingPlugin:
         QUANTWEAVE_PLUGIN_API = 1
 
-        @qw.hookimpl
+        @hookimpl
         def quantweave_quantizers(self):
             return [QuantizerInfo("refusing", Refusing)]
 

@@ -7,6 +7,7 @@ import quantweave as qw
 from quantweave.capabilities import Capability, Mode, TensorQuant
 from quantweave.compose import AnnotationConflictError, ComposableQuantizer
 from quantweave.observers import MinMaxObserver
+from quantweave.plugin_api import ANNOTATED_BY_KEY, is_annotated, mark_annotated
 from tests.helpers import assert_names, export
 
 aten = torch.ops.aten
@@ -26,7 +27,7 @@ class OpQuantizer(qw.Quantizer):
 
     def annotate(self, model):
         for node in model.graph.nodes:
-            if node.target == self.target and not qw.is_annotated(node):
+            if node.target == self.target and not is_annotated(node):
                 node.meta[KEY] = qw.QuantizationAnnotation(output_qspec=spec(self.dtype), _annotated=True)
         return model
 
@@ -70,7 +71,7 @@ def gm():
 
 
 def annotated_by(model):
-    return {n.name: n.meta[qw.ANNOTATED_BY_KEY] for n in model.graph.nodes if qw.ANNOTATED_BY_KEY in n.meta}
+    return {n.name: n.meta[ANNOTATED_BY_KEY] for n in model.graph.nodes if ANNOTATED_BY_KEY in n.meta}
 
 
 def test_first_annotator_wins_and_owners_are_recorded():
@@ -165,7 +166,7 @@ def test_annotating_a_second_model_leaves_the_first_ones_owners_alone():
     first, second = gm(), gm()
     composed.annotate(first)
     relu = next(n for n in second.graph.nodes if n.target == aten.relu.default)
-    qw.mark_annotated(relu, by="caller")  # pre-annotated in the second model: r must skip it
+    mark_annotated(relu, by="caller")  # pre-annotated in the second model: r must skip it
     composed.annotate(second)
     assert annotated_by(first) == {"relu": "r", "add": "a"}
     assert annotated_by(second) == {"relu": "caller", "add": "a"}

@@ -4,12 +4,13 @@ import pytest
 import torch
 
 import quantweave as qw
-from quantweave.capabilities import PATTERNS, Capability, TensorQuant
+from quantweave.authoring import annotate_input_qspec_map, annotate_output_qspec
+from quantweave.capabilities import Capability, TensorQuant
 from quantweave.observers import MinMaxObserver, PerChannelMinMaxObserver
-from quantweave.plugin_api import PatternSpec
+from quantweave.plugin_api import PatternSpec, hookimpl, mark_annotated
 from quantweave.registry import QuantizerInfo
 from quantweave.testing.conformance import PROBES, assert_conforms, check_capability, check_conformance, check_plugin
-from quantweave.vocabulary import core_vocabulary, export_probe
+from quantweave.vocabulary import PATTERNS, core_vocabulary, export_probe
 from tests.helpers import assert_names
 
 aten = torch.ops.aten
@@ -39,13 +40,13 @@ class LinearQuantizer(qw.Quantizer):
     def annotate(self, model):
         for node in model.graph.nodes:
             if node.target == aten.linear.default and not self.skip_linear:
-                qw.annotate_input_qspec_map(node, node.args[0], self.act)
-                qw.annotate_input_qspec_map(node, node.args[1], WEIGHT)
-                qw.annotate_output_qspec(node, self.act)
-                qw.mark_annotated(node)
+                annotate_input_qspec_map(node, node.args[0], self.act)
+                annotate_input_qspec_map(node, node.args[1], WEIGHT)
+                annotate_output_qspec(node, self.act)
+                mark_annotated(node)
             elif node.target == aten.add.Tensor and self.also_add:
                 for arg in node.args[:2]:
-                    qw.annotate_input_qspec_map(node, arg, self.act)
+                    annotate_input_qspec_map(node, arg, self.act)
         return model
 
     def quantization_capabilities(self):
@@ -127,10 +128,10 @@ def test_check_plugin_loads_the_plugin_and_checks_contributed_patterns():
         def annotate(self, model):
             for node in model.graph.nodes:
                 if node.target == aten.conv3d.default:
-                    qw.annotate_input_qspec_map(node, node.args[0], act_spec())
-                    qw.annotate_input_qspec_map(node, node.args[1], WEIGHT)
-                    qw.annotate_output_qspec(node, act_spec())
-                    qw.mark_annotated(node)
+                    annotate_input_qspec_map(node, node.args[0], act_spec())
+                    annotate_input_qspec_map(node, node.args[1], WEIGHT)
+                    annotate_output_qspec(node, act_spec())
+                    mark_annotated(node)
             return model
 
         def quantization_capabilities(self):
@@ -139,12 +140,12 @@ def test_check_plugin_loads_the_plugin_and_checks_contributed_patterns():
     class Vendor:
         QUANTWEAVE_PLUGIN_API = 2
 
-        @qw.hookimpl
+        @hookimpl
         def quantweave_patterns(self):
             probe = lambda: (torch.nn.Conv3d(2, 4, 3), (torch.randn(1, 2, 5, 5, 5),))  # noqa: E731
             return [PatternSpec("conv3d", "3-D convolution", ("aten.conv3d.default",), probe)]
 
-        @qw.hookimpl
+        @hookimpl
         def quantweave_quantizers(self):
             return [QuantizerInfo("npu", Conv3dQuantizer, (Capability("conv3d", "static", ACT, W),))]
 
@@ -155,7 +156,7 @@ def test_check_plugin_loads_the_plugin_and_checks_contributed_patterns():
             return (Capability("conv3d", "static", TensorQuant("int8", -128, 127), W),)
 
     class Liar(Vendor):
-        @qw.hookimpl
+        @hookimpl
         def quantweave_quantizers(self):
             return [
                 QuantizerInfo("npu", WrongDtype, (Capability("conv3d", "static", TensorQuant("int8", -128, 127), W),))

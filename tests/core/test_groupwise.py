@@ -10,13 +10,14 @@ import torch
 from torch import nn
 
 import quantweave as qw
+from quantweave.authoring import annotate_input_qspec_map, dequantize_ops
 from quantweave.capabilities import tensor_quant_from_spec
 from quantweave.observers import PerChannelMinMaxObserver, PerGroupMinMaxObserver, is_calibrated
-from quantweave.plugin_api import Capability, Mode, QuantizerInfo, TensorQuant
+from quantweave.plugin_api import Capability, Mode, QuantizerInfo, TensorQuant, mark_annotated
 from quantweave.testing.conformance import check_capability
 from tests.helpers import assert_names
 
-qw.dequantize_ops()  # registers torch.ops.quantized_decomposed
+dequantize_ops()  # registers torch.ops.quantized_decomposed
 qd = torch.ops.quantized_decomposed
 aten = torch.ops.aten
 
@@ -43,8 +44,8 @@ class WeightQuantizer(qw.Quantizer):
         for node in model.graph.nodes:
             if node.op == "call_function" and node.target in self.targets:
                 weight = node.args[0] if node.target == aten.embedding.default else node.args[1]
-                qw.annotate_input_qspec_map(node, weight, self.spec)
-                qw.mark_annotated(node)
+                annotate_input_qspec_map(node, weight, self.spec)
+                mark_annotated(node)
         return model
 
 

@@ -21,8 +21,10 @@ from torch import nn
 from torch.fx import Node
 
 import quantweave as qw
+from quantweave.authoring import annotate_output_qspec
 from quantweave.convert import dequantize_ops, quantize_ops
 from quantweave.observers import is_observer_module
+from quantweave.plugin_api import ANNOTATED_BY_KEY
 from quantweave.testing import models
 from quantweave.testing.inspect import qdq_summary
 from quantweave.testing.reference import make_reference_quantizer, quantweave_api
@@ -563,7 +565,7 @@ def test_foreign_members_compose_first_annotator_wins():
     model, inputs = MODELS["mlp"]()
     prepared = qw.prepare_pt2e(export(model, *inputs), composed)
     relu = _relu(prepared)
-    assert relu.meta[qw.ANNOTATED_BY_KEY] == "vendor_a"
+    assert relu.meta[ANNOTATED_BY_KEY] == "vendor_a"
     assert isinstance(relu.meta[KEY], qw.QuantizationAnnotation)
 
 
@@ -624,7 +626,7 @@ class NativeRelu(qw.Quantizer):
     name = "native"
 
     def annotate(self, model):
-        qw.annotate_output_qspec(
+        annotate_output_qspec(
             _relu(model), qw.QuantizationSpec(dtype=torch.int8, observer_or_fake_quant_ctr=MinMaxObserver)
         )
         return model
@@ -642,7 +644,7 @@ def test_a_native_member_after_a_vendor_leaving_annotated_unset_gets_the_order_t
         qw.prepare_pt2e(export(model, *inputs), composed)
     assert_names(info, "_annotated", "'native'", "'openvino_like'")
     prepared = qw.prepare_pt2e(export(model, *inputs), qw.ComposableQuantizer([NativeRelu(), composed.quantizers[0]]))
-    assert _relu(prepared).meta[qw.ANNOTATED_BY_KEY] == "native"
+    assert _relu(prepared).meta[ANNOTATED_BY_KEY] == "native"
 
 
 def test_a_foreign_quantizer_composes_with_a_native_one_and_leave_float_wraps_it():

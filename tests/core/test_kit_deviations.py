@@ -9,8 +9,18 @@ import pytest
 import torch
 
 import quantweave as qw
+from quantweave.authoring import annotate_input_qspec_map, annotate_output_qspec
 from quantweave.observers import HistogramObserver, PerChannelMinMaxObserver, PlaceholderObserver
-from quantweave.plugin_api import FLOAT, Capability, Mode, Quant, QuantizerInfo, TensorQuant
+from quantweave.plugin_api import (
+    FLOAT,
+    Capability,
+    Mode,
+    Quant,
+    QuantizerInfo,
+    TensorQuant,
+    is_annotated,
+    mark_annotated,
+)
 from quantweave.testing.conformance import check_capability, check_conformance
 from tests.helpers import assert_names
 
@@ -47,38 +57,38 @@ class Npu(qw.Quantizer):
 
     def annotate(self, model):
         for node in model.graph.nodes:
-            if node.op != "call_function" or qw.is_annotated(node):
+            if node.op != "call_function" or is_annotated(node):
                 continue
             if self.is_dynamic:
                 if node.target == aten.linear.default:
                     self._weighted(node, act(dynamic=True))
                     if self.fault == "dynamic_output":
-                        qw.annotate_output_qspec(node, act())
+                        annotate_output_qspec(node, act())
                 continue
             if node.target == aten.conv2d.default:
                 self._conv(node)
-            elif node.target == aten.max_pool2d.default and qw.is_annotated(node.args[0]):
-                qw.annotate_input_qspec_map(node, node.args[0], act())
+            elif node.target == aten.max_pool2d.default and is_annotated(node.args[0]):
+                annotate_input_qspec_map(node, node.args[0], act())
                 out = act() if self.fault == "pool_own" else qw.SharedQuantizationSpec((node.args[0], node))
-                qw.annotate_output_qspec(node, out)
-                qw.mark_annotated(node)
+                annotate_output_qspec(node, out)
+                mark_annotated(node)
             elif node.target == aten.sigmoid.default:
-                qw.annotate_input_qspec_map(node, node.args[0], act())
+                annotate_input_qspec_map(node, node.args[0], act())
                 if self.fault != "sigmoid_float":
                     scale = 1 / 128 if self.fault == "sigmoid_scale" else 1 / 256
-                    qw.annotate_output_qspec(node, qw.FixedQParamsQuantizationSpec(torch.uint8, scale, 0, 0, 255))
-                qw.mark_annotated(node)
+                    annotate_output_qspec(node, qw.FixedQParamsQuantizationSpec(torch.uint8, scale, 0, 0, 255))
+                mark_annotated(node)
             elif node.target == aten.relu.default and self.fault == "standalone_relu":
-                qw.annotate_input_qspec_map(node, node.args[0], act())
-                qw.annotate_output_qspec(node, act())
-                qw.mark_annotated(node)
+                annotate_input_qspec_map(node, node.args[0], act())
+                annotate_output_qspec(node, act())
+                mark_annotated(node)
         return model
 
     def _weighted(self, node, input_spec):
-        qw.annotate_input_qspec_map(node, node.args[0], input_spec)
-        qw.annotate_input_qspec_map(node, node.args[1], weight(1 if self.fault == "weight_axis" else 0))
+        annotate_input_qspec_map(node, node.args[0], input_spec)
+        annotate_input_qspec_map(node, node.args[1], weight(1 if self.fault == "weight_axis" else 0))
         if self.fault != "unmarked":
-            qw.mark_annotated(node)
+            mark_annotated(node)
 
     def _conv(self, node):
         self._weighted(node, act())
@@ -86,12 +96,12 @@ class Npu(qw.Quantizer):
         out_dtype = torch.int8 if self.fault == "conv_out_dtype" else torch.uint8
         if len(users) == 1 and users[0].target == aten.relu.default:
             relu = users[0]
-            qw.annotate_output_qspec(relu, act(out_dtype))
-            qw.mark_annotated(relu)
+            annotate_output_qspec(relu, act(out_dtype))
+            mark_annotated(relu)
             if self.fault == "relu_not_fused":
-                qw.annotate_output_qspec(node, act())
+                annotate_output_qspec(node, act())
         else:
-            qw.annotate_output_qspec(node, act(out_dtype))
+            annotate_output_qspec(node, act(out_dtype))
 
 
 def info(fault=None):

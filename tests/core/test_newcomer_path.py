@@ -10,6 +10,7 @@ from torch import nn
 
 import quantweave as qw
 from quantweave.cli import main
+from quantweave.plugin_api import hookimpl
 from quantweave.registry import PluginManager, QuantizerInfo
 from quantweave.testing.reference import make_reference_quantizer
 from tests.helpers import assert_names, export
@@ -109,7 +110,7 @@ def test_the_fallback_module_is_float_fallback_and_the_old_name_warns():
 class Plugin:
     QUANTWEAVE_PLUGIN_API = 1
 
-    @qw.hookimpl
+    @hookimpl
     def quantweave_quantizers(self):
         return [QuantizerInfo("reference", make_reference_quantizer)]
 

@@ -9,9 +9,10 @@ import torch
 from torch import nn
 
 import quantweave as qw
-from quantweave.authoring import dequantize_ops, quantize_ops
+from quantweave.authoring import annotate_input_qspec_map, dequantize_ops, quantize_ops
 from quantweave.convert import choose_qparams_ops
 from quantweave.observers import MinMaxObserver, PerChannelMinMaxObserver, PlaceholderObserver
+from quantweave.plugin_api import ANNOTATION_KEY, mark_annotated
 from quantweave.testing.reference import weight_spec
 from tests.helpers import assert_names
 
@@ -47,10 +48,10 @@ class DynamicLinearQuantizer(qw.Quantizer):
     def annotate(self, model):
         linears = [n for n in model.graph.nodes if n.op == "call_function" and n.target == aten.linear.default]
         for i, node in enumerate(linears):
-            qw.annotate_input_qspec_map(node, node.args[0], self.acts[min(i, len(self.acts) - 1)])
-            qw.annotate_input_qspec_map(node, node.args[1], WEIGHT)
-            node.meta[qw.ANNOTATION_KEY].allow_implicit_sharing = self.implicit_sharing
-            qw.mark_annotated(node)
+            annotate_input_qspec_map(node, node.args[0], self.acts[min(i, len(self.acts) - 1)])
+            annotate_input_qspec_map(node, node.args[1], WEIGHT)
+            node.meta[ANNOTATION_KEY].allow_implicit_sharing = self.implicit_sharing
+            mark_annotated(node)
         return model
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import quantweave as qw
+from quantweave.authoring import annotate_output_qspec
 from quantweave.observers import FakeQuantize, MinMaxObserver, ObserverBase
 from quantweave.testing.models import resnet18_like
 from quantweave.testing.reference import make_reference_quantizer
@@ -90,7 +91,7 @@ def test_eval_batch_norm_is_folded_into_conv_and_outputs_are_unchanged():
 def test_annotations_made_before_prepare_are_honoured_and_left_on_the_callers_graph():
     gm = export(TwoReluCat(), torch.randn(2, 3), torch.randn(2, 3))
     relu = nodes(gm, aten.relu.default)[0]
-    qw.annotate_output_qspec(relu, act())
+    annotate_output_qspec(relu, act())
     prepared = qw.prepare_pt2e(gm, FnQuantizer(lambda m: None))
     assert len(observer_modules(prepared)) == 1
     assert relu.meta[KEY].output_qspec == act()  # caller's annotation object untouched

@@ -11,6 +11,7 @@ from quantweave.observers import (
     FakeQuantizeBase,
     MovingAveragePerChannelMinMaxObserver,
 )
+from quantweave.plugin_api import mark_annotated
 from quantweave.testing.inspect import sqnr
 from tests.helpers import QAT_ACT as ACT
 from tests.helpers import ConvBnQATQuantizer, assert_names
@@ -235,7 +236,7 @@ class ConvTransposeBnQATQuantizer(qw.Quantizer):
             (bn,) = conv.users
             (relu,) = bn.users
             relu.meta["quantization_annotation"] = qw.QuantizationAnnotation(output_qspec=ACT)
-            qw.mark_annotated([conv, bn, relu])
+            mark_annotated([conv, bn, relu])
         return model
 
 

@@ -5,7 +5,9 @@ import json
 import torch
 
 import quantweave as qw
+from quantweave.authoring import annotate_input_qspec_map, annotate_output_qspec
 from quantweave.compose import ComposableQuantizer
+from quantweave.plugin_api import Capability, TensorQuant, mark_annotated, set_skip_reason
 from quantweave.report import annotation_report
 from tests.helpers import WEIGHTED_ACT as ACT
 from tests.helpers import ConvMeanMlp as Model
@@ -67,15 +69,15 @@ def test_report_names_who_marked_a_node_and_why_another_was_skipped():
         def annotate(self, model):
             for node in model.graph.nodes:
                 if node.target == aten.sigmoid.default:
-                    qw.annotate_output_qspec(node, ACT)
-                    qw.mark_annotated(node, by="sigmoid-unit")
+                    annotate_output_qspec(node, ACT)
+                    mark_annotated(node, by="sigmoid-unit")
                 elif node.target == aten.linear.default:
-                    qw.set_skip_reason(node, "linear left to the host")
+                    set_skip_reason(node, "linear left to the host")
             return model
 
         def quantization_capabilities(self):
             # a pattern contributed by a plugin: its ops join what the report lists
-            return (qw.Capability("fc_chain", "static", qw.TensorQuant("uint8", 0, 255), ops=("aten.linear.default",)),)
+            return (Capability("fc_chain", "static", TensorQuant("uint8", 0, 255), ops=("aten.linear.default",)),)
 
     quantizer = Marker()
     prepared = qw.prepare_pt2e(export(Model(), torch.randn(1, 3, 8, 8)), quantizer)
@@ -99,12 +101,12 @@ class Declares(Weighted):
             stack = node.meta.get("nn_module_stack", {})
             if node.target != self.target or any(path == self.skip_module for path, _ in stack.values()):
                 continue
-            qw.annotate_input_qspec_map(node, node.args[0], ACT)
-            qw.mark_annotated(node)
+            annotate_input_qspec_map(node, node.args[0], ACT)
+            mark_annotated(node)
         return model
 
     def quantization_capabilities(self):
-        return (qw.Capability("linear", "static", qw.TensorQuant("uint8", 0, 255)),)
+        return (Capability("linear", "static", TensorQuant("uint8", 0, 255)),)
 
 
 def test_a_declared_op_left_float_without_a_reason_is_said_so():
@@ -122,7 +124,7 @@ class FusedOnly(Weighted):
         return model
 
     def quantization_capabilities(self):
-        return (qw.Capability("conv2d_relu", "static", qw.TensorQuant("uint8", 0, 255)),)
+        return (Capability("conv2d_relu", "static", TensorQuant("uint8", 0, 255)),)
 
 
 class LoneRelu(torch.nn.Module):

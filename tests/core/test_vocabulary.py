@@ -8,6 +8,7 @@ import pytest
 import quantweave as qw
 import quantweave.capabilities
 from quantweave.capabilities import Capability, TensorQuant
+from quantweave.plugin_api import hookimpl
 from quantweave.registry import PluginManager
 from quantweave.report import COMPUTE_OPS, reported_ops
 from quantweave.vocabulary import PATTERNS, PRODUCERS, PatternSpec, Vocabulary, core_vocabulary
@@ -21,11 +22,11 @@ def test_the_registry_s_vocabulary_is_the_core_s_through_the_hook_plus_contribut
     class Plugin:
         QUANTWEAVE_PLUGIN_API = 2
 
-        @qw.hookimpl
+        @hookimpl
         def quantweave_quantizers(self):
             return []
 
-        @qw.hookimpl
+        @hookimpl
         def quantweave_patterns(self):
             return [PatternSpec("my_pool", "a pool behind a conv", POOL_OPS, producer="conv2d")]
 

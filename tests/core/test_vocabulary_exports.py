@@ -6,8 +6,10 @@ import pytest
 import torch
 
 import quantweave as qw
+from quantweave.authoring import annotate_input_qspec_map, annotate_output_qspec
 from quantweave.capabilities import Capability, TensorQuant
 from quantweave.observers import MinMaxObserver, PerChannelMinMaxObserver
+from quantweave.plugin_api import mark_annotated
 from quantweave.registry import QuantizerInfo
 from quantweave.testing.conformance import check_capability
 from quantweave.vocabulary import core_vocabulary, forget_exported_probes
@@ -55,10 +57,10 @@ class LinearQuantizer(qw.Quantizer):
     def annotate(self, model):
         for node in model.graph.nodes:
             if node.target == aten.linear.default:
-                qw.annotate_input_qspec_map(node, node.args[0], ACT_SPEC)
-                qw.annotate_input_qspec_map(node, node.args[1], W_SPEC)
-                qw.annotate_output_qspec(node, ACT_SPEC)
-                qw.mark_annotated(node)
+                annotate_input_qspec_map(node, node.args[0], ACT_SPEC)
+                annotate_input_qspec_map(node, node.args[1], W_SPEC)
+                annotate_output_qspec(node, ACT_SPEC)
+                mark_annotated(node)
         return model
 
     def quantization_capabilities(self):

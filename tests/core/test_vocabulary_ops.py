@@ -9,9 +9,12 @@ import torch.nn.functional as F
 
 import quantweave as qw
 from quantweave._modules.patterns import chain_of, matches, node_op
-from quantweave.capabilities import PATTERNS, PROBE_PRODUCERS, vocabulary_op
+from quantweave.authoring import annotate_output_qspec
+from quantweave.capabilities import PROBE_PRODUCERS, vocabulary_op
 from quantweave.observers import MinMaxObserver
+from quantweave.plugin_api import mark_annotated
 from quantweave.testing.conformance import PROBES, _undeclared
+from quantweave.vocabulary import PATTERNS
 from tests.helpers import export
 
 aten = torch.ops.aten
@@ -110,8 +113,8 @@ def test_the_conformance_rule_sees_inplace_ops():
     relu = next(n for n in gm.graph.nodes if n.target == aten.relu_.default)
     mul = next(n for n in gm.graph.nodes if n.target == aten.mul_.Tensor)
     for node in (relu, mul):
-        qw.annotate_output_qspec(node, _act())
-        qw.mark_annotated(node)
+        annotate_output_qspec(node, _act())
+        mark_annotated(node)
     declared = [chain_of(PATTERNS[p][1]) for p in ("conv2d_relu",)]
     problems = _undeclared(gm, declared, qw.capabilities.Mode.STATIC)
     assert len(problems) == 1 and "'mul_' (aten.mul_.Tensor)" in problems[0], problems

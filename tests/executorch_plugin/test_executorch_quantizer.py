@@ -13,7 +13,7 @@ import quantweave as qw
 import quantweave.authoring as qa
 import quantweave_executorch as qe
 import quantweave_executorch.plugin
-from quantweave.plugin_api import Capability, Mode
+from quantweave.plugin_api import ANNOTATED_BY_KEY, Capability, Mode
 from quantweave.testing.conformance import assert_plugin_conforms, check_composition
 from quantweave.testing.inspect import sqnr
 from quantweave.testing.models import lm_prompts, tiny_decoder_lm
@@ -159,7 +159,7 @@ def test_a_pattern_served_by_one_plugin_is_shadowed_in_the_other(recipe_first):
     # and on a model: the table's server is the member that annotated
     model = tiny_decoder_lm(vocab=256, dim=64, layers=1, max_seq=16)
     prepared = qw.prepare_pt2e(torch.export.export(model, (lm_prompts(model, 1),)).module(), composed)
-    claims = {n.meta.get(qw.ANNOTATED_BY_KEY) for n in prepared.graph.nodes if n.target == aten.embedding.default}
+    claims = {n.meta.get(ANNOTATED_BY_KEY) for n in prepared.graph.nodes if n.target == aten.embedding.default}
     assert claims == {"embedding" if recipe_first else "embedding_4bit"}  # the recipe's member, or the standalone
 
 

@@ -1,6 +1,6 @@
 """The quantization flow the fuzz tests drive, and the checks they make on it.
 
-Quantizers come from a fresh ``quantweave.PluginManager()`` over what is installed (every
+Quantizers come from a fresh ``quantweave.testing.PluginManager()`` over what is installed (every
 quantizer, in every mode it declares, with its ``mode_options``), plus option variants of
 the first-party plugins and every ordered pair of installed quantizers composed with
 ``ComposableQuantizer``.
@@ -22,6 +22,7 @@ import quantweave as qw
 from quantweave.capabilities import Capability, Mode, vocabulary_op
 from quantweave.observers import ObserverBase
 from quantweave.plugin_api import ANNOTATION_KEY
+from quantweave.testing import PluginManager
 
 # the exceptions quantweave documents (core/src/quantweave/errors.py)
 DOCUMENTED_ERRORS: tuple[type[BaseException], ...] = (
@@ -64,7 +65,7 @@ class QConfig:
 @functools.cache
 def manager() -> Any:
     """A fresh plugin manager over the installed plugins (loaded once per session)."""
-    pm = qw.PluginManager()
+    pm = PluginManager()
     failed = [r for r in pm.plugins() if r.status != "loaded"]
     assert not failed, f"installed plugins failed to load: {failed}"
     return pm

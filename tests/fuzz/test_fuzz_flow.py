@@ -28,7 +28,7 @@ from hypothesis import assume, given, note, settings
 from hypothesis import strategies as st
 from torch.fx import GraphModule, Node
 
-import quantweave as qw
+from quantweave.authoring import dequantize_ops, quantize_ops
 from quantweave.observers import FakeQuantizeBase
 from quantweave.plugin_api import ANNOTATION_KEY
 from quantweave.testing.inspect import qdq_summary
@@ -135,11 +135,11 @@ def _dequantize_params(gm: GraphModule, node: Node) -> tuple[Any, ...]:
 def _decisions(gm: GraphModule) -> dict[tuple[str, str, int], Any]:
     """For every compute node, keyed by (layer, op, index within the layer): the q/dq
     parameters of each of its inputs (None: float)."""
-    dq = set(qw.dequantize_ops())
+    dq = set(dequantize_ops())
     seen: dict[tuple[str, str], int] = {}
     out: dict[tuple[str, str, int], Any] = {}
     for node in gm.graph.nodes:
-        if node.op not in ("call_function", "output") or node.target in dq or node.target in qw.quantize_ops():
+        if node.op not in ("call_function", "output") or node.target in dq or node.target in quantize_ops():
             continue
         base = (_layer(node), str(node.target))
         index = seen.get(base, 0)

@@ -103,8 +103,9 @@ def test_disable_allow_list_and_strict_env_vars():
 
 def test_registry_api_in_process():
     import quantweave as qw
+    from quantweave.testing import PluginManager
 
-    manager = qw.PluginManager()  # fresh, over the installed entry points
+    manager = PluginManager()  # fresh, over the installed entry points
     with pytest.warns(qw.PluginWarning):
         names = {r.name: r.status for r in manager.plugins()}
     assert names == {
@@ -124,8 +125,9 @@ def test_registry_api_in_process():
 
 def test_an_api1_plugin_composes_with_a_current_one():
     import quantweave as qw
+    from quantweave.testing import PluginManager
 
-    manager = qw.PluginManager()
+    manager = PluginManager()
     with pytest.warns(qw.PluginWarning):
         composed = qw.ComposableQuantizer([manager.get_quantizer("api1"), manager.get_quantizer("x86")])
     rows = {(r.pattern, r.mode.value): r for r in composed.capability_table()}

@@ -5,7 +5,9 @@ import pytest
 import torch
 
 import quantweave as qw
-from quantweave.plugin_api import Capability, Mode, TensorQuant
+from quantweave.authoring import annotate_input_qspec_map, annotate_output_qspec
+from quantweave.plugin_api import Capability, Mode, Quant, TensorQuant, is_annotated, mark_annotated
+from quantweave.testing import PluginManager
 from quantweave.testing.conformance import check_composition
 from quantweave_contrib_template import TemplateQuantizer
 
@@ -21,15 +23,15 @@ class AddQuantizer(qw.Quantizer):
     def annotate(self, model):
         spec = qw.QuantizationSpec(torch.uint8, qw.observers.HistogramObserver, 0, 255, torch.per_tensor_affine)
         for node in model.graph.nodes:
-            if node.target == aten.add.Tensor and not qw.is_annotated(node):
+            if node.target == aten.add.Tensor and not is_annotated(node):
                 for arg in node.args[:2]:
-                    qw.annotate_input_qspec_map(node, arg, spec)
-                qw.annotate_output_qspec(node, spec)
-                qw.mark_annotated(node)
+                    annotate_input_qspec_map(node, arg, spec)
+                annotate_output_qspec(node, spec)
+                mark_annotated(node)
         return model
 
     def quantization_capabilities(self):
-        return (Capability("add", "static", ACT, output=qw.Quant.quantized(ACT)),)
+        return (Capability("add", "static", ACT, output=Quant.quantized(ACT)),)
 
 
 def x86():
@@ -90,7 +92,7 @@ def test_a_table_that_lies_is_caught_on_the_probes():
 
 
 def test_composed_capabilities_carry_plugin_provenance():
-    pm = qw.PluginManager(entry_points=[])
+    pm = PluginManager(entry_points=[])
     from quantweave_contrib_template import plugin
 
     pm.register("template", plugin)

@@ -10,7 +10,10 @@ import torch.nn.functional as F
 from torch.ao.quantization.observer import HistogramObserver as TorchHistogramObserver
 
 import quantweave as qw
+from quantweave.authoring import annotate_input_qspec_map
 from quantweave.observers import HistogramObserver, MinMaxObserver
+from quantweave.plugin_api import is_annotated, mark_annotated
+from quantweave.vocabulary import PATTERNS
 from tests.helpers import export
 
 aten = torch.ops.aten
@@ -65,7 +68,7 @@ def test_x86_leaves_a_mul_of_non_float32_tensors_float(dtype):
     prepared, _, out = _flow(Float64Island(dtype), quantizer, x)
     assert torch.isfinite(out).all()
     mul = next(n for n in prepared.graph.nodes if n.target == aten.mul.Tensor)
-    assert not qw.is_annotated(mul)
+    assert not is_annotated(mul)
     row = next(r for r in qw.annotation_report(prepared, quantizer).nodes if r.node == mul.name)
     assert row.status == "float"
     assert str(dtype) in row.reason
@@ -95,8 +98,8 @@ def test_prepare_rejects_a_spec_on_a_float64_tensor_naming_edge_and_quantizer():
 
     def annotate(gm):
         mul = next(n for n in gm.graph.nodes if n.target == aten.mul.Tensor)
-        qw.annotate_input_qspec_map(mul, mul.args[0], act())
-        qw.mark_annotated(mul)
+        annotate_input_qspec_map(mul, mul.args[0], act())
+        mark_annotated(mul)
 
     gm = export(Float64Island(), torch.randn(2, 4))
     with pytest.raises(qw.AnnotationError, match=r"edge 'to' -> 'mul'.*'fn'.*'to'.*torch\.float64"):
@@ -170,8 +173,8 @@ def test_inplace_ops_are_matched_as_their_functional_op():
     relu = next(n for n in prepared.graph.nodes if n.name == "relu_")
     conv = next(n for n in prepared.graph.nodes if n.target == aten.conv2d.default)
     assert relu.target in (aten.relu_.default, aten.relu.default)
-    assert qw.is_annotated(relu)
-    assert matches(prepared.graph, chain_of(qw.capabilities.PATTERNS["conv2d_relu"][1])) == [(conv, relu)]
+    assert is_annotated(relu)
+    assert matches(prepared.graph, chain_of(PATTERNS["conv2d_relu"][1])) == [(conv, relu)]
 
 
 def test_report_lists_inplace_ops():
@@ -180,7 +183,7 @@ def test_report_lists_inplace_ops():
     quantizer = qw.get_quantizer("x86")
     prepared = qw.prepare_pt2e(export(ConvInPlaceRelu(), torch.randn(1, 3, 8, 8)), quantizer)
     relu = next(n for n in prepared.graph.nodes if n.name == "relu_")  # annotated as relu (prepare)
-    assert qw.is_annotated(relu)  # x86 fuses it with the conv
+    assert is_annotated(relu)  # x86 fuses it with the conv
     assert _report_row(prepared, quantizer, relu.name) is not None
 
 
@@ -202,7 +205,7 @@ def test_a_padding_same_conv_is_matched_as_a_conv():
     quantizer = qw.get_quantizer("xnnpack")
     prepared = qw.prepare_pt2e(export(SameConv(), torch.randn(1, 3, 8, 8)), quantizer)
     conv = next(n for n in prepared.graph.nodes if n.target == aten.conv2d.padding)
-    assert qw.is_annotated(conv)
+    assert is_annotated(conv)
     covered = {
         n
         for cap in quantizer.quantization_capabilities()
@@ -218,7 +221,7 @@ def test_report_lists_a_padding_same_conv():
     quantizer = qw.get_quantizer("xnnpack")
     prepared = qw.prepare_pt2e(export(SameConv(), torch.randn(1, 3, 8, 8)), quantizer)
     conv = next(n for n in prepared.graph.nodes if n.target == aten.conv2d.padding)
-    assert qw.is_annotated(conv)
+    assert is_annotated(conv)
     assert _report_row(prepared, quantizer, conv.name) is not None
 
 
@@ -234,7 +237,7 @@ def test_x86_quantizes_a_padding_same_conv():
     prepared = qw.prepare_pt2e(gm, quantizer)
     assert gm.code == code and any(n.target == aten.conv2d.padding for n in gm.graph.nodes)
     (conv,) = [n for n in prepared.graph.nodes if n.target == aten.conv2d.default]
-    assert qw.is_annotated(conv) and list(conv.args[4]) == [1, 1]
+    assert is_annotated(conv) and list(conv.args[4]) == [1, 1]
     prepared(x)
     assert torch.allclose(qw.convert_pt2e(prepared)(x), gm(x), atol=0.1)
 
@@ -258,7 +261,7 @@ def test_xnnpack_declares_the_relu_it_quantizes_after_a_cat():
     gm = quantizer.transform_for_annotation(export(CatRelu(), torch.randn(1, 3, 4, 4)))
     annotated = quantizer.annotate(gm)
     relu = next(n for n in annotated.graph.nodes if n.target == aten.relu.default)
-    assert qw.is_annotated(relu) and relu.meta[KEY].output_qspec is not None
+    assert is_annotated(relu) and relu.meta[KEY].output_qspec is not None
     caps = quantizer.quantization_capabilities()
     covered = {n for cap in caps for occ in matches(annotated.graph, chain_of(cap.ops)) for n in occ}
     assert relu in covered
@@ -399,7 +402,7 @@ def test_x86_does_not_fuse_an_add_of_a_tensor_with_itself(kind):
     quantizer = qw.get_quantizer("x86")
     prepared = qw.prepare_pt2e(export(SelfAdd(kind), x), quantizer)
     add = next(n for n in prepared.graph.nodes if n.target == aten.add.Tensor)
-    assert not qw.is_annotated(add)
+    assert not is_annotated(add)
     row = _report_row(prepared, quantizer, add.name)
     assert row.status == "float" and "(x + x)" in row.reason
 

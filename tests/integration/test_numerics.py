@@ -9,7 +9,9 @@ import torch
 from torch import nn
 
 import quantweave as qw
+from quantweave.authoring import annotate_input_qspec_map, annotate_output_qspec
 from quantweave.float_fallback import fused_units
+from quantweave.plugin_api import mark_annotated
 from quantweave.testing.inspect import sqnr
 from quantweave.testing.reference import make_reference_quantizer
 from quantweave_x86 import X86InductorQuantizer
@@ -208,13 +210,13 @@ def test_leave_float_redirects_shared_specs_and_refuses_derived_ones():
             )
             nodes = {n.name: n for n in model.graph.nodes}
             conv1, conv2 = nodes["conv2d"], nodes["conv2d_1"]
-            qw.annotate_output_qspec(conv1, spec)
-            qw.mark_annotated(conv1)
+            annotate_output_qspec(conv1, spec)
+            mark_annotated(conv1)
             relu = conv2.args[0]
-            qw.annotate_input_qspec_map(conv2, relu, qw.SharedQuantizationSpec(conv1))
-            qw.mark_annotated(conv2)
+            annotate_input_qspec_map(conv2, relu, qw.SharedQuantizationSpec(conv1))
+            mark_annotated(conv2)
             if self.derived:
-                qw.annotate_input_qspec_map(
+                annotate_input_qspec_map(
                     conv2,
                     conv2.args[1],
                     qw.DerivedQuantizationSpec(

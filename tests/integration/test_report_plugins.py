@@ -5,6 +5,7 @@ import torch
 
 import quantweave as qw
 from quantweave.compose import ComposableQuantizer
+from quantweave.plugin_api import Capability, TensorQuant
 from quantweave.report import annotation_report
 from tests.helpers import ConvMeanMlp, Weighted, export
 
@@ -140,7 +141,7 @@ def test_a_pattern_an_earlier_member_shadows_names_it_and_what_it_serves_it_as()
     conv_first = Weighted("convq", aten.conv2d.default)
     composed = ComposableQuantizer([conv_first, x86.X86InductorQuantizer()])
     conv_first.quantization_capabilities = lambda: (  # declares conv2d: it claims conv2d_add's conv
-        qw.Capability("conv2d", "static", qw.TensorQuant("uint8", 0, 255)),
+        Capability("conv2d", "static", TensorQuant("uint8", 0, 255)),
     )
     prepared = qw.prepare_pt2e(export(ConvAdd(), torch.randn(1, 3, 8, 8)), composed)
     add = {r.node: r for r in annotation_report(prepared, composed).nodes}["add"]

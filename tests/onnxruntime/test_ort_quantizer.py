@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import quantweave as qw
-from quantweave.plugin_api import ANNOTATION_KEY
+from quantweave.plugin_api import ANNOTATION_KEY, SKIP_REASON_KEY, Mode, QuantizerInfo, is_annotated
 from quantweave.registry import PluginManager
 from quantweave.testing.conformance import assert_conforms, capability_cases, check_capability
 from quantweave_onnxruntime import ORTConfig, ORTQuantizer, declared_capabilities
@@ -53,7 +53,7 @@ def test_nothing_undeclared_is_annotated():
     ],
 )
 def test_options_are_declared_and_delivered(options):
-    info = qw.QuantizerInfo(
+    info = QuantizerInfo(
         name="onnxruntime",
         factory=lambda **mode: ORTQuantizer(**options),  # options already name the mode
         capabilities=declared_capabilities(**options),
@@ -168,7 +168,7 @@ def test_ops_left_alone():
 
     by_op, gm = annotate(Float(), torch.randn(1, 3, 8, 8))
     assert by_op == {}
-    reasons = {n.name: n.meta.get(qw.SKIP_REASON_KEY) for n in gm.graph.nodes}
+    reasons = {n.name: n.meta.get(SKIP_REASON_KEY) for n in gm.graph.nodes}
     assert "input is not quantized" in reasons["max_pool2d"] and "max_pool2d" in reasons["max_pool2d"]
 
 
@@ -279,7 +279,7 @@ def test_dynamic_mode_leaves_activation_times_activation_matmuls_float_as_quanti
     by_op, gm = annotate(_Attention(), torch.randn(2, 4, 8), quantizer=quantizer)
     assert set(by_op) == {aten.linear.default}
     (matmul,) = [n for n in gm.graph.nodes if n.target == aten.matmul.default]
-    assert not qw.is_annotated(matmul)
+    assert not is_annotated(matmul)
     reason = matmul.meta[qw.plugin_api.SKIP_REASON_KEY]
     assert f"'{matmul.args[1].name}'" in reason and "matmul_const_b_only" in reason
     # a constant B (a parameter, or its transpose) is quantized as before
@@ -305,7 +305,7 @@ def test_static_mode_quantizes_activation_matmuls_unless_matmul_const_b_only():
 @pytest.mark.parametrize("matmul_const_b_only", [None, False, True])
 def test_matmul_const_b_only_is_declared_and_delivered(matmul_const_b_only):
     options = {"is_dynamic": True, "matmul_const_b_only": matmul_const_b_only}
-    info = qw.QuantizerInfo(
+    info = QuantizerInfo(
         name="onnxruntime",
         factory=lambda **mode: ORTQuantizer(**options),
         capabilities=declared_capabilities(**options),
@@ -326,7 +326,7 @@ def test_dynamic_and_qat_options_are_checked_and_reachable_by_mode():
     with pytest.raises(TypeError, match="is_dynamic"):
         ORTQuantizer(is_dynamic="yes")
     assert INFO.mode_options == {"dynamic": {"is_dynamic": True}, "qat": {"is_qat": True}}
-    assert {c.mode for c in INFO.capabilities} == {qw.Mode.STATIC, qw.Mode.DYNAMIC, qw.Mode.QAT}
+    assert {c.mode for c in INFO.capabilities} == {Mode.STATIC, Mode.DYNAMIC, Mode.QAT}
 
 
 def test_split_outputs_are_quantized_by_their_consumers_with_the_split_inputs_range():
@@ -495,8 +495,8 @@ def test_a_relu_not_folded_into_the_op_before_it_says_why():
     """Found by the fuzz tests: the relu was left float with no reason (report: 'unexplained')."""
     _, gm = annotate(_ConvReluAndMore(), torch.randn(2, 2, 7))
     relu = next(n for n in gm.graph.nodes if n.target == aten.relu.default)
-    assert not qw.is_annotated(relu)
-    reason = relu.meta[qw.SKIP_REASON_KEY]
+    assert not is_annotated(relu)
+    reason = relu.meta[SKIP_REASON_KEY]
     assert "relu" in reason and f"'{relu.args[0].name}'" in reason and "only user" in reason
 
 

@@ -103,7 +103,9 @@ def patterns_exported_once() -> Iterator[dict]:
     get = memoized(original, {}, stats)
     patch = pytest.MonkeyPatch()
     for module in list(sys.modules.values()):
-        if getattr(module, "_get_aten_graph_module_for_pattern", None) is original:
+        # what the module itself binds (its __dict__), not getattr: that would ask module stand-ins such as
+        # quantweave.fallback (a deprecated name for quantweave.float_fallback) for the name, and warn
+        if (getattr(module, "__dict__", None) or {}).get("_get_aten_graph_module_for_pattern") is original:
             patch.setattr(module, "_get_aten_graph_module_for_pattern", get)
     try:
         yield stats

@@ -98,6 +98,7 @@ def test_the_registry_loads_the_published_plugins(dist):
 
 def test_the_three_plugins_compose(dist):
     import quantweave as qw
+    from quantweave.plugin_api import ANNOTATED_BY_KEY
     from quantweave.testing.conformance import check_composition
 
     composed = qw.ComposableQuantizer([qw.get_quantizer(name) for name in ("acme", "litert", "x86")])
@@ -120,7 +121,7 @@ def test_the_three_plugins_compose(dist):
 
     model, x = Model().eval(), torch.randn(2, 3, 12, 12)
     prepared = qw.prepare_pt2e(torch.export.export(model, (x,)).module(), composed)
-    claimed = {str(n.target): n.meta.get(qw.ANNOTATED_BY_KEY) for n in prepared.graph.nodes if n.op == "call_function"}
+    claimed = {str(n.target): n.meta.get(ANNOTATED_BY_KEY) for n in prepared.graph.nodes if n.op == "call_function"}
     assert claimed["aten.conv2d.default"] == claimed["aten.linear.default"] == "acme"
     assert claimed["aten.sigmoid.default"] == claimed["aten.mul.Tensor"] == "litert"
     prepared(x)

@@ -56,7 +56,7 @@ def test_a_conv_with_even_padding_is_quantized_as_the_conv_it_equals(padding, ke
     gm, quantizer, prepared = _prepare(Convs(padding, kernel, dilation, dims), x)
     default = aten.conv2d.default if dims == 2 else aten.conv1d.default
     convs = [n for n in prepared.graph.nodes if n.target == default]
-    assert len(convs) == 2 and all(qw.is_annotated(n) for n in convs)
+    assert len(convs) == 2 and all(is_annotated(n) for n in convs)
     assert list(convs[1].args[4]) == expected
     assert not any(str(n.target).endswith(".padding") for n in prepared.graph.nodes)
     report = qw.annotation_report(prepared, quantizer)
@@ -72,7 +72,7 @@ def test_a_same_conv_that_pads_one_side_more_stays_float_with_a_reason():
     x = torch.randn(1, 3, 12, 12)
     _, quantizer, prepared = _prepare(Convs("same", kernel=4), x)
     convs = [n for n in prepared.graph.nodes if n.target == aten.conv2d.padding]
-    assert len(convs) == 2 and not any(qw.is_annotated(n) for n in convs)
+    assert len(convs) == 2 and not any(is_annotated(n) for n in convs)
     for conv in convs:
         assert "pads one side more than the other" in conv.meta[SKIP_REASON_KEY]
     relu = next(r for r in qw.annotation_report(prepared, quantizer).nodes if r.op == "aten.relu.default")
@@ -84,7 +84,7 @@ def test_annotating_without_the_transform_says_why_a_padding_conv_stays_float():
     quantizer = qw.get_quantizer("x86")
     annotated = quantizer.annotate(gm)  # no transform_for_annotation: the padding convs stay
     conv = next(n for n in annotated.graph.nodes if n.target == aten.conv2d.padding)
-    assert not qw.is_annotated(conv)
+    assert not is_annotated(conv)
     assert "transform_for_annotation" in conv.meta[SKIP_REASON_KEY]
 
 

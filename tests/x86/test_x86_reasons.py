@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import quantweave as qw
-from quantweave.plugin_api import SKIP_REASON_KEY
+from quantweave.plugin_api import SKIP_REASON_KEY, is_annotated, set_skip_reason
 from quantweave_x86 import X86InductorQuantizer, declared_capabilities, get_default_x86_inductor_quantization_config
 from tests.helpers import export
 
@@ -63,7 +63,7 @@ def test_no_op_of_an_x86_pattern_is_left_float_without_a_reason():
     for quantizer in (X86InductorQuantizer(), X86InductorQuantizer(enable_matmul=True)):
         found, gm = reasons(quantizer)
         for node in gm.graph.nodes:
-            if str(node.target) in ops and not qw.is_annotated(node):
+            if str(node.target) in ops and not is_annotated(node):
                 assert found[node.name], f"{node.name} ({node.target}) left float without a reason"
 
 
@@ -84,7 +84,7 @@ def test_a_reason_an_earlier_quantizer_recorded_is_kept():
         def annotate(self, model):
             for node in model.graph.nodes:
                 if node.target == torch.ops.aten.max_pool2d.default:
-                    qw.set_skip_reason(node, "first: pooling is left to the runtime")
+                    set_skip_reason(node, "first: pooling is left to the runtime")
             return model
 
     found, _ = reasons(qw.ComposableQuantizer([First(), X86InductorQuantizer()]))

@@ -17,6 +17,7 @@ from torch import nn
 
 import quantweave as qw
 from quantweave.convert import dequantize_ops, quantize_ops
+from quantweave.plugin_api import ANNOTATED_BY_KEY
 from quantweave.testing import models
 from quantweave.testing.inspect import qdq_summary
 
@@ -139,7 +140,7 @@ def test_executorch_quantizer_composes_with_quantweave_xnnpack(order):
     alone = qw.prepare_pt2e(torch.export.export(model, inputs).module(), members[0])
     alone(*inputs)
     alone = qw.convert_pt2e(alone)
-    by = {n.meta.get(qw.ANNOTATED_BY_KEY) for n in prepared.graph.nodes} - {None}
+    by = {n.meta.get(ANNOTATED_BY_KEY) for n in prepared.graph.nodes} - {None}
     assert by == {composed.labels[0]}  # the first member claims every node it quantizes alone
     assert qdq_count(converted) == qdq_count(alone) > 0
     assert torch.equal(converted(*inputs), alone(*inputs))

@@ -4,9 +4,8 @@ come from the same rows."""
 import torch
 from torch import nn
 
-import quantweave as qw
 import quantweave_xnnpack as qx
-from quantweave.plugin_api import SKIP_REASON_KEY, Mode
+from quantweave.plugin_api import SKIP_REASON_KEY, Mode, is_annotated
 from quantweave_xnnpack._capabilities import declared_capabilities
 from quantweave_xnnpack._rules import MATCHERS, TABLE, steps_for
 from tests.helpers import export
@@ -52,7 +51,7 @@ def test_sharing_rows_say_why_an_op_stayed_float():
     q = qx.XNNPACKQuantizer().set_global(_config())
     q.annotate(gm)
     relu = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.relu.default)
-    assert not qw.is_annotated(relu)
+    assert not is_annotated(relu)
     assert TABLE["relu"].why_float is not None
     assert relu.meta[SKIP_REASON_KEY] == TABLE["relu"].why_float(relu)
     assert "'x'" in relu.meta[SKIP_REASON_KEY] and "relu" in relu.meta[SKIP_REASON_KEY]

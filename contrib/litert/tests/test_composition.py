@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from quantweave_litert import LiteRTQuantizer
 
 import quantweave as qw
+from quantweave.plugin_api import ANNOTATED_BY_KEY
 from quantweave.testing.conformance import check_composition
 from quantweave_x86 import X86InductorQuantizer
 
@@ -42,7 +43,7 @@ def test_each_member_keeps_its_own_patterns_at_a_boundary():
     exported = torch.export.export(Model().eval(), (x,)).module()
     composed = qw.ComposableQuantizer([x86(), LiteRTQuantizer()])
     prepared = qw.prepare_pt2e(exported, composed)
-    by_op = {str(n.target): n.meta.get(qw.ANNOTATED_BY_KEY) for n in prepared.graph.nodes if n.op == "call_function"}
+    by_op = {str(n.target): n.meta.get(ANNOTATED_BY_KEY) for n in prepared.graph.nodes if n.op == "call_function"}
     assert by_op["aten.conv2d.default"] == "x86"
     assert by_op["aten.max_pool2d.default"] == "x86"  # x86 shares through its own pooling
     assert by_op["aten.sigmoid.default"] == "litert"

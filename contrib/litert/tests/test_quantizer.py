@@ -13,6 +13,7 @@ from quantweave_litert import LiteRTQuantizer, to_tflite
 from quantweave_litert.tflite import conversion_mode, quantize
 
 import quantweave as qw
+from quantweave.plugin_api import SKIP_REASON_KEY, is_annotated
 
 aten = torch.ops.aten
 qd = torch.ops.quantized_decomposed
@@ -91,8 +92,8 @@ def test_an_op_that_shares_qparams_stays_float_after_an_unquantized_producer():
     exported = torch.export.export(model.eval(), (torch.randn(1, 3, 12, 12),)).module()
     prepared = qw.prepare_pt2e(exported, LiteRTQuantizer())
     pool = next(n for n in prepared.graph.nodes if n.target == aten.max_pool2d.default)
-    assert not qw.is_annotated(pool)
-    assert "not quantized by litert" in pool.meta[qw.SKIP_REASON_KEY]
+    assert not is_annotated(pool)
+    assert "not quantized by litert" in pool.meta[SKIP_REASON_KEY]
 
 
 def test_add_with_a_scalar_operand_stays_float_and_says_why():
@@ -100,8 +101,8 @@ def test_add_with_a_scalar_operand_stays_float_and_says_why():
     exported = torch.export.export(model.eval(), (torch.randn(2, 8),)).module()
     prepared = qw.prepare_pt2e(exported, LiteRTQuantizer())
     add = next(n for n in prepared.graph.nodes if n.target == aten.add.Tensor)
-    assert not qw.is_annotated(add)
-    assert "both operands are float32 tensors" in add.meta[qw.SKIP_REASON_KEY]
+    assert not is_annotated(add)
+    assert "both operands are float32 tensors" in add.meta[SKIP_REASON_KEY]
 
 
 def test_a_relu_not_fused_into_the_op_before_it_stays_float_and_says_why():
@@ -115,8 +116,8 @@ def test_a_relu_not_fused_into_the_op_before_it_stays_float_and_says_why():
     exported = torch.export.export(_M(forward).eval(), (torch.randn(2, 8),)).module()
     prepared = qw.prepare_pt2e(exported, LiteRTQuantizer())
     relu = next(n for n in prepared.graph.nodes if n.target == aten.relu.default)
-    assert not qw.is_annotated(relu)
-    reason = relu.meta[qw.SKIP_REASON_KEY]
+    assert not is_annotated(relu)
+    reason = relu.meta[SKIP_REASON_KEY]
     assert "relu" in reason and "conv2d_relu" in reason and f"'{relu.args[0].name}'" in reason
 
 

@@ -18,7 +18,8 @@ import torch
 from torch import nn
 from torch.fx import GraphModule
 
-from quantweave.capabilities import Mode, PatternSpec, core_patterns
+from quantweave.plugin_api import Mode
+from quantweave.vocabulary import PatternSpec, core_patterns
 
 __all__ = ["Probe", "ProbeCache"]
 

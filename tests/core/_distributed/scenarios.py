@@ -25,6 +25,7 @@ from quantweave.observers import (
     ObserverBase,
     PerChannelMinMaxObserver,
 )
+from quantweave.plugin_api import ANNOTATION_KEY
 from quantweave.testing.models import calibration_batches, example_inputs, resnet18_like
 from quantweave.testing.reference import activation_spec, make_reference_quantizer, quantweave_api, weight_spec
 
@@ -84,7 +85,7 @@ class WeightedOpQuantizer(qw.Quantizer):
     def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         for node in model.graph.nodes:
             if node.target in (aten.conv2d.default, aten.linear.default):
-                node.meta[qw.ANNOTATION_KEY] = qw.QuantizationAnnotation(
+                node.meta[ANNOTATION_KEY] = qw.QuantizationAnnotation(
                     input_qspec_map={node.args[0]: self.act, node.args[1]: self.weight},
                     output_qspec=self.act,
                     _annotated=True,
