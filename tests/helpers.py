@@ -24,11 +24,9 @@ from quantweave.observers import (
     MovingAveragePerChannelMinMaxObserver,
     PerChannelMinMaxObserver,
 )
-from quantweave.plugin_api import is_annotated
-from quantweave.report import SKIP_REASON_KEY
+from quantweave.plugin_api import ANNOTATION_KEY, SKIP_REASON_KEY, is_annotated
 
 aten = torch.ops.aten
-ANNOTATION_KEY = "quantization_annotation"
 
 
 def export(model: torch.nn.Module, *args: torch.Tensor) -> torch.fx.GraphModule:
