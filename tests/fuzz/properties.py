@@ -3,11 +3,10 @@
 Each check returns a list of problems in words (empty: the property holds). The tests
 assert the list is empty, so a failure prints every broken property of the example.
 
-Known gaps (xnnpack's clamps after a wide input; HistogramObserver's float32 search on
-values near 1e13; QAT's eps) are excused here *narrowly*,
-and each is pinned by a strict xfail in ``tests/core/test_fuzz_regressions.py``: when a gap
-is closed, its xfail passes, the strict marker fails the suite, and the excuse below must
-be removed with it.
+Known gaps (xnnpack's clamps after a wide input; QAT's eps and symmetric qparams, in
+test_fuzz_flow.py) are excused *narrowly*, and each is pinned by a strict xfail in
+``tests/integration/test_fuzz_regressions.py``: when a gap is closed, its xfail passes, the
+strict marker fails the suite, and the excuse must be removed with it.
 """
 
 from __future__ import annotations
@@ -60,7 +59,7 @@ def weight_bits(config: QConfig) -> int:
     return 8
 
 
-# -- known gaps, each with a strict xfail twin in tests/core/test_fuzz_regressions.py -------
+# -- known gaps, each with a strict xfail twin in tests/integration/test_fuzz_regressions.py
 
 
 def _base_name(label: str) -> str:
