@@ -205,7 +205,7 @@ def output_problems(flow: Flow, case: Case) -> list[str]:
             stats.GAPS["ill-conditioned output (SQNR not bounded)"] += 1
             continue
         other_draws = other_draws if other_draws is not None else noise_sqnr_draws(case, bits)
-        if min(draw[i] for draw in other_draws) < CONDITIONED_DB[bits]:
+        if min(draw[i] for draw in other_draws) < bound:
             stats.GAPS["ill-conditioned under another noise draw (SQNR not bounded)"] += 1
             continue
         gap = sqnr_gap(flow, case)
@@ -423,9 +423,10 @@ def noise_sqnr(case: Case, weight_bits: int, seed: int = 0) -> list[float]:
 #: the first draw found well-conditioned: an output that selects among nearly tied values (a
 #: softmax saturated by logits of +-1e5 whose two largest differ by 1 %, an argmax) is a
 #: step function of the noise, and one draw may not flip the tie while quantization does
-#: (the fuzz-full run's attention -> ... case: 43.6 dB on seed 0, 11.2-46.7 dB on seeds 0-19,
-#: 9 of them below 30 dB). 7 more draws miss such a tie with probability about 0.55**7 < 2 %;
-#: an output the noise keeps well-conditioned on every draw is judged as before.
+#: (the fuzz-full run's attention -> ... case: 43.6 dB on seed 0, 11.2-46.7 dB on seeds 0-19).
+#: Such an output is excused only when plain noise itself, on another draw, falls below the
+#: bound the quantized model is held to (seeds 1-7 there: 11.2 and 11.3 dB): an output whose
+#: other draws merely dip under the 30 dB conditioning line (28-30 dB) is still judged.
 NOISE_DRAWS = 7
 
 
