@@ -301,7 +301,9 @@ class _Drawer:
         out = s.shape
         if op == "cat":
             out = (out[0], out[1] * 2, *out[2:])
-        return Op("self_binary", "operator", (op,), s.shape, out), State(out, owned=True)
+        # x + x, x * x keep the layout of x (a permuted x stays non-contiguous); cat copies
+        contiguous = op == "cat" or s.contiguous
+        return Op("self_binary", "operator", (op,), s.shape, out), State(out, True, contiguous)
 
     def conv2d(self, s: State, preserve: Preserve) -> tuple[Op, State]:
         d = self.draw
@@ -420,7 +422,8 @@ class _Drawer:
             return Op("flatten", "method", (1,), shape, shape), s
         out = (*shape[:start], math.prod(shape[start:]))
         form = self.draw(st.sampled_from(("module", "torch", "method")))
-        return Op("flatten", form, (start,), shape, out), State(out, s.owned, True)
+        # flatten / reshape of a non-contiguous tensor may return a view that is not contiguous
+        return Op("flatten", form, (start,), shape, out), State(out, s.owned, s.contiguous)
 
     def reshape(self, s: State, preserve: Preserve) -> tuple[Op, State]:
         shape = s.shape
@@ -433,7 +436,7 @@ class _Drawer:
             out = (shape[0], shape[1], shape[2] * shape[3])
         forms = ["method", "torch"] + (["view"] if s.contiguous else [])
         form = self.draw(st.sampled_from(forms))
-        return Op("reshape", form, (out[1:],), shape, out), State(out, s.owned, True)
+        return Op("reshape", form, (out[1:],), shape, out), State(out, s.owned, s.contiguous)
 
     def mean(self, s: State, preserve: Preserve) -> tuple[Op, State]:
         shape = s.shape
@@ -580,11 +583,12 @@ def _draw_branch(drawer: _Drawer, s: State, preserve: Preserve, depth: int, ctx:
     swap = d(st.booleans())
     if kind == "residual":
         left, ls = _draw_steps(drawer, fresh, "all", 3, depth + 1, ctx)
-        right, _ = _draw_steps(drawer, fresh, "all", 3, depth + 1, ctx)
+        right, rs = _draw_steps(drawer, fresh, "all", 3, depth + 1, ctx)
         op = d(st.sampled_from(("add", "mul", "sub")))
         form = d(st.sampled_from(_merge_forms(op, ls.owned and bool(left))))
         merge = Op("merge", form, (op,), shape, shape)
-        return Branch(left, right, merge, None, swap), State(shape, True)
+        # an elementwise merge takes its operands' layout: contiguous only if both are
+        return Branch(left, right, merge, None, swap), State(shape, True, ls.contiguous and rs.contiguous)
     if kind == "se":
         # the right branch reduces to a broadcastable shape (squeeze-excite)
         if rank == 4:
@@ -597,7 +601,7 @@ def _draw_branch(drawer: _Drawer, s: State, preserve: Preserve, depth: int, ctx:
         op = d(st.sampled_from(("mul", "add")))
         form = d(st.sampled_from(_merge_forms(op, ls.owned and bool(left))))
         merge = Op("merge", form, (op,), shape, shape)
-        return Branch(left, (reduce_op, *right), merge, None, swap), State(shape, True)
+        return Branch(left, (reduce_op, *right), merge, None, swap), State(shape, True, ls.contiguous)
     if kind == "cat":
         dims = [i for i in (1, rank - 1) if preserve is None or preserve == i]
         dim = d(st.sampled_from(dims))
@@ -624,15 +628,16 @@ def _draw_branch(drawer: _Drawer, s: State, preserve: Preserve, depth: int, ctx:
         ops.append("add")  # the result is one half: the split dim changes
     op = d(st.sampled_from(ops))
     inner: Preserve = dim if op == "cat" and (preserve is None or preserve == dim) else "all"
-    left, ls = _draw_steps(drawer, State(half_a), inner, 2, depth + 1, ctx)
-    right, rs = _draw_steps(drawer, State(half_b), inner, 2, depth + 1, ctx)
+    # the halves are views of the tensor, not contiguous (split along the last dim)
+    left, ls = _draw_steps(drawer, State(half_a, contiguous=False), inner, 2, depth + 1, ctx)
+    right, rs = _draw_steps(drawer, State(half_b, contiguous=False), inner, 2, depth + 1, ctx)
     if op == "cat":
         out = tuple(ls.shape[i] + rs.shape[i] if i == dim else x for i, x in enumerate(shape))
         merge = Op("merge", "torch", ("cat", dim), shape, out)
     else:
         out = ls.shape
         merge = Op("merge", d(st.sampled_from(_merge_forms(op, False))), (op,), shape, out)
-    return Branch(left, right, merge, split, swap), State(out, True)
+    return Branch(left, right, merge, split, swap), State(out, True, op == "cat" or (ls.contiguous and rs.contiguous))
 
 
 def _draw_extra(drawer: _Drawer, s: State, ctx: _Context) -> tuple[Op, State]:
@@ -651,7 +656,10 @@ def _draw_extra(drawer: _Drawer, s: State, ctx: _Context) -> tuple[Op, State]:
         extra = shape if d(st.booleans()) else (shape[0], *([1] * (len(shape) - 2)), shape[-1])
         out = shape
     ctx.extra_inputs.append(extra)
-    return Op("extra_input", "operator", (op, len(ctx.extra_inputs)), shape, out), State(out, True)
+    # add / mul keep the current tensor's layout (the extra input is contiguous); cat copies
+    return Op("extra_input", "operator", (op, len(ctx.extra_inputs)), shape, out), State(
+        out, True, op == "cat" or s.contiguous
+    )
 
 
 INPUT_KINDS = ("image", "sequence", "features", "signal", "tokens")

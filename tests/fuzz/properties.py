@@ -3,11 +3,10 @@
 Each check returns a list of problems in words (empty: the property holds). The tests
 assert the list is empty, so a failure prints every broken property of the example.
 
-Known gaps (xnnpack's clamps after a wide input; HistogramObserver's float32 search on
-values near 1e13; QAT's eps) are excused here *narrowly*,
-and each is pinned by a strict xfail in ``tests/core/test_fuzz_regressions.py``: when a gap
-is closed, its xfail passes, the strict marker fails the suite, and the excuse below must
-be removed with it.
+Known gaps (xnnpack's clamps after a wide input; QAT's eps and symmetric qparams, in
+test_fuzz_flow.py) are excused *narrowly*, and each is pinned by a strict xfail in
+``tests/integration/test_fuzz_regressions.py``: when a gap is closed, its xfail passes, the
+strict marker fails the suite, and the excuse must be removed with it.
 """
 
 from __future__ import annotations
@@ -60,7 +59,7 @@ def weight_bits(config: QConfig) -> int:
     return 8
 
 
-# -- known gaps, each with a strict xfail twin in tests/core/test_fuzz_regressions.py -------
+# -- known gaps, each with a strict xfail twin in tests/integration/test_fuzz_regressions.py
 
 
 def _base_name(label: str) -> str:
@@ -182,6 +181,7 @@ def output_problems(flow: Flow, case: Case) -> list[str]:
     bits = weight_bits(flow.config)
     bound = SQNR_BOUND_DB[bits]
     conditioned: list[float] | None = None
+    other_draws: list[list[float]] | None = None
     for i, (ref, out) in enumerate(zip(case.reference, flow.outputs, strict=True)):
         if ref.shape != out.shape or ref.dtype != out.dtype:
             problems.append(f"output {i}: {tuple(out.shape)} {out.dtype}, float gives {tuple(ref.shape)} {ref.dtype}")
@@ -203,6 +203,10 @@ def output_problems(flow: Flow, case: Case) -> list[str]:
         conditioned = conditioned if conditioned is not None else noise_sqnr(case, bits)
         if conditioned[i] < CONDITIONED_DB[bits]:
             stats.GAPS["ill-conditioned output (SQNR not bounded)"] += 1
+            continue
+        other_draws = other_draws if other_draws is not None else noise_sqnr_draws(case, bits)
+        if min(draw[i] for draw in other_draws) < bound:
+            stats.GAPS["ill-conditioned under another noise draw (SQNR not bounded)"] += 1
             continue
         gap = sqnr_gap(flow, case)
         if gap is not None:
@@ -402,14 +406,33 @@ def float_ranges(case: Case) -> tuple[dict[str, tuple[float, float]], list[str]]
     return recorder.ranges, recorder.non_finite
 
 
-def noise_sqnr(case: Case, weight_bits: int) -> list[float]:
-    """Per output: SQNR of the float model under the noise model (see :class:`_Noisy`)."""
+def noise_sqnr(case: Case, weight_bits: int, seed: int = 0) -> list[float]:
+    """Per output: SQNR of the float model under the noise model (see :class:`_Noisy`), one
+    draw of the noise (``seed``)."""
     reference_model = copy.deepcopy(case.exported)  # its buffers may be written in forward
     if case.ranges is None:
         case.ranges, _ = float_ranges(case)
+    noisy_model = _Noisy(reference_model, case.ranges, 8, weight_bits)
+    noisy_model.generator.manual_seed(seed)
     with torch.no_grad():
-        noisy = _Noisy(reference_model, case.ranges, 8, weight_bits).run(*clone_inputs(case.test_inputs))
+        noisy = noisy_model.run(*clone_inputs(case.test_inputs))
     return [sqnr(ref, out) for ref, out in zip(case.reference, flat_outputs(noisy), strict=True)]
+
+
+#: further draws of the noise model (seeds 1..) taken for an output below the SQNR bound that
+#: the first draw found well-conditioned: an output that selects among nearly tied values (a
+#: softmax saturated by logits of +-1e5 whose two largest differ by 1 %, an argmax) is a
+#: step function of the noise, and one draw may not flip the tie while quantization does
+#: (the fuzz-full run's attention -> ... case: 43.6 dB on seed 0, 11.2-46.7 dB on seeds 0-19).
+#: Such an output is excused only when plain noise itself, on another draw, falls below the
+#: bound the quantized model is held to (seeds 1-7 there: 11.2 and 11.3 dB): an output whose
+#: other draws merely dip under the 30 dB conditioning line (28-30 dB) is still judged.
+NOISE_DRAWS = 7
+
+
+def noise_sqnr_draws(case: Case, weight_bits: int, draws: int = NOISE_DRAWS) -> list[list[float]]:
+    """:func:`noise_sqnr` on ``draws`` further draws (seeds 1 to ``draws``)."""
+    return [noise_sqnr(case, weight_bits, seed) for seed in range(1, draws + 1)]
 
 
 # -- a batch the exported program rejects changes no observer (issue #20) ------------------------

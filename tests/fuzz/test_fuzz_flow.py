@@ -29,15 +29,24 @@ from hypothesis import strategies as st
 from torch.fx import GraphModule, Node
 
 from quantweave.authoring import dequantize_ops, quantize_ops
-from quantweave.observers import FakeQuantizeBase
+from quantweave.observers import FakeQuantize, FakeQuantizeBase
 from quantweave.plugin_api import ANNOTATION_KEY
 from quantweave.testing.inspect import qdq_summary
 
 from . import stats
 from .conftest import budget
 from .flow import QConfig, configs, flat_outputs, qat_configs, run_flow, same_values, sqnr, trainable
-from .programs import Branch, Program, programs, swap_branches
-from .properties import Case, all_problems, error_problems
+from .programs import Branch, Op, Program, programs, swap_branches
+from .properties import (
+    CONDITIONED_DB,
+    SQNR_BOUND_DB,
+    Case,
+    all_problems,
+    error_problems,
+    noise_sqnr,
+    noise_sqnr_draws,
+    output_problems,
+)
 
 pytestmark = pytest.mark.fuzz
 
@@ -71,6 +80,64 @@ def test_flow_holds_on_generated_models(program: Program, chosen: list[QConfig])
         problems += all_problems(flow, case)
     problems += case.untouched()
     assert not problems, "\n".join(problems)
+
+
+#: shrunk from the fuzz-full run (template, static): attention over inputs scaled by 1e3
+#: saturates its softmax (logits of +-1e5..1e6), and in one row the two largest logits
+#: differ by 0.8 % (213294 vs 214935), less than what 8-bit q / k move them by
+NEAR_TIE = Program(
+    input_kind="sequence",
+    input_shape=(1, 4, 7),
+    input_dtype=torch.float32,
+    steps=(
+        Op("attention", "operator", (7, 7), (1, 4, 7), (1, 4, 7)),
+        Op("flatten", "module", (1,), (1, 4, 7), (1, 28)),
+        Op("extra_input", "operator", ("add", 1), (1, 28), (1, 28)),
+        Op("reshape", "method", ((2, 14),), (1, 28), (1, 2, 14)),
+        Op("permute", "method", ((0, 2, 1),), (1, 2, 14), (1, 14, 2)),
+        Op("extra_input", "operator", ("add", 2), (1, 14, 2), (1, 14, 2)),
+    ),
+    extra_inputs=((1, 28), (1, 1, 2)),
+    seed=157,
+    input_scale=1000.0,
+)
+
+
+def _config(label: str) -> QConfig:
+    return next(c for c in configs() if c.label == label)
+
+
+def test_a_softmax_near_tie_is_ill_conditioned_under_another_noise_draw() -> None:
+    """The template flips the near tie (12.0 dB); the noise model's first draw does not
+    (43.6 dB), others do (below the 15 dB bound themselves): the output is counted as
+    ill-conditioned, not failed."""
+    case = Case.of(NEAR_TIE, "pinned")
+    flow = run_flow(case.exported, _config("template:template[static]"), case.calibration, case.test_inputs)
+    assert sqnr(case.reference[0], flow.outputs[0]) < SQNR_BOUND_DB[8]
+    assert noise_sqnr(case, 8)[0] >= CONDITIONED_DB[8]
+    assert min(draw[0] for draw in noise_sqnr_draws(case, 8)) < SQNR_BOUND_DB[8]
+    before = stats.GAPS["ill-conditioned under another noise draw (SQNR not bounded)"]
+    assert output_problems(flow, case) == []
+    assert stats.GAPS["ill-conditioned under another noise draw (SQNR not bounded)"] == before + 1
+
+
+def test_a_well_conditioned_output_is_judged_on_every_noise_draw() -> None:
+    """The other draws excuse only a tie: a linear's output keeps >= 30 dB on all of them,
+    so a converted output off by 50 % (6 dB) is still a failure (an output is excused only
+    when plain noise on another draw falls below the 15 dB bound itself)."""
+    program = Program(
+        input_kind="features",
+        input_shape=(2, 8),
+        input_dtype=torch.float32,
+        steps=(Op("linear", "module", (8, 8, True, False), (2, 8), (2, 8)),),
+        seed=3,
+    )
+    case = Case.of(program, "pinned")
+    flow = run_flow(case.exported, _config("x86:x86[static]"), case.calibration, case.test_inputs)
+    assert min(draw[0] for draw in [noise_sqnr(case, 8), *noise_sqnr_draws(case, 8)]) >= CONDITIONED_DB[8]
+    flow.outputs = [case.reference[0] * 1.5]
+    problems = output_problems(flow, case)
+    assert len(problems) == 1 and problems[0].startswith("output 0: SQNR 6.0 dB < 15.0 dB"), problems
 
 
 # -- determinism -----------------------------------------------------------------------------
@@ -206,7 +273,9 @@ def test_qat_flow_holds_on_generated_models(program: Program, config: QConfig) -
         if program.divides_by_activation:  # c / x: a rounding difference near x = 0 is unbounded
             stats.GAPS["division by an activation quantized to 0 (not bounded)"] += 1
             return
-        for module in flow.prepared.modules():  # simulate with the qparams convert used
+        # freeze the observers (the fused fake-quantizer still chooses its qparams from their
+        # ranges in its kernel, not as convert does: the known gaps below)
+        for module in flow.prepared.modules():
             if isinstance(module, FakeQuantizeBase):
                 module.disable_observer()
         with torch.no_grad():
@@ -216,13 +285,22 @@ def test_qat_flow_holds_on_generated_models(program: Program, config: QConfig) -
                 continue
             assert torch.isfinite(out).all(), f"output {i} not finite after convert"
             peak = float(sim.double().abs().max()) ** 2
-            if sim.numel() > 1 and float(sim.double().var()) > 1e-8 * peak:
-                assert sqnr(sim, out) > QAT_SQNR_DB, f"output {i}: converted vs fake-quantized {sqnr(sim, out):.1f} dB"
+            if sim.numel() <= 1 or float(sim.double().var()) <= 1e-8 * peak or sqnr(sim, out) > QAT_SQNR_DB:
+                continue
+            if _symmetric_qparams_mismatch(flow.prepared):
+                # the known gap, only where it explains the difference: with the qparams
+                # convert uses, the fake-quantized model must agree with the converted one
+                at_convert = flat_outputs(_simulate_with_convert_qparams(flow.prepared, case.test_inputs))
+                if sqnr(at_convert[i], out) > QAT_SQNR_DB:
+                    stats.GAPS["qat-fused-fake-quant-chooses-other-symmetric-qparams"] += 1
+                    continue
+            raise AssertionError(f"output {i}: converted vs fake-quantized {sqnr(sim, out):.1f} dB")
     assert not case.untouched()
 
 
-#: converted vs the fake-quantized (QAT-prepared, eval mode) model: the same qparams, so
-#: they differ only by rounding at quantize boundaries and the batch-norm fold
+#: converted vs the fake-quantized (QAT-prepared, eval mode) model: the same observers, so
+#: they differ by rounding at quantize boundaries, the batch-norm fold, and where torch's
+#: fused fake-quantizer chooses other qparams than convert (the known gaps below)
 QAT_SQNR_DB = 20.0
 
 
@@ -240,3 +318,51 @@ def _eps_mismatch(prepared: GraphModule) -> bool:
         if used.numel() and float(used.min()) < float(eps) <= float(module.calculate_qparams()[0].min()):
             return True
     return False
+
+
+_SYMMETRIC = (torch.per_tensor_symmetric, torch.per_channel_symmetric)
+
+
+def _symmetric_qparams_mismatch(prepared: GraphModule) -> bool:
+    """Known gap (test_qat_fake_quantizer_trains_with_the_symmetric_qparams_convert_uses):
+    torch's fused fake-quantizer chooses its qparams in its kernel (ATen's
+    ``ChooseQuantizationParams``), not with its observer's ``calculate_qparams``, which
+    convert uses: for a symmetric int8 weight channel its scale is max(-min / 128, max / 127)
+    where the observer's is max(-min, max) / 127.5, and a channel whose weights are all of
+    one sign gets an affine scale and zero point (e.g. 0.0017, 127 instead of 0.0034, 0);
+    torchao 0.18 does the same. True when a fake-quantizer with a symmetric qscheme used
+    qparams other than convert's (read after an eval forward: the kernel writes what it used)."""
+    for module in prepared.modules():
+        if not isinstance(module, FakeQuantizeBase) or getattr(module, "qscheme", None) not in _SYMMETRIC:
+            continue
+        scale, zero_point = module.calculate_qparams()
+        used_scale, used_zero_point = module.scale.detach(), module.zero_point.detach()
+        if used_scale.shape != scale.shape or used_zero_point.shape != zero_point.shape:
+            continue
+        if not torch.equal(used_scale, scale.to(used_scale.dtype)) or not torch.equal(
+            used_zero_point, zero_point.to(used_zero_point.dtype)
+        ):
+            return True
+    return False
+
+
+class _AtConvertQParams(torch.fx.Interpreter):
+    """Runs a QAT-prepared model with every (enabled) fake-quantizer applying the qparams
+    ``convert_pt2e`` takes (``calculate_qparams()``) instead of those its kernel chooses."""
+
+    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+        module = self.fetch_attr(str(target))
+        if not isinstance(module, FakeQuantize) or not bool(module.fake_quant_enabled[0]):
+            return super().call_module(target, args, kwargs)
+        scale, zero_point = module.calculate_qparams()
+        low, high = module.quant_min, module.quant_max
+        if module.is_per_channel:
+            return torch.fake_quantize_per_channel_affine(
+                args[0], scale, zero_point.to(torch.int32), module.ch_axis, low, high
+            )
+        return torch.fake_quantize_per_tensor_affine(args[0], float(scale), int(zero_point), low, high)
+
+
+def _simulate_with_convert_qparams(prepared: GraphModule, inputs: tuple[torch.Tensor, ...]) -> Any:
+    with torch.no_grad():
+        return _AtConvertQParams(prepared).run(*inputs)
