@@ -286,3 +286,82 @@ def test_one_block_buffer_serves_every_weight_a_convert_quantizes(bf16_flow, mon
         converted = qw.convert_pt2e(prepared)
     assert len(storages) == 1, storages
     assert sum("frozen" in name for name, _ in converted.named_buffers()) == 3
+
+
+def test_qparams_an_observer_computes_become_buffers_without_a_copy(monkeypatch):
+    """A 4-bit table's scales and zero points are new tensors: convert registers them as they
+    are (a copy of each cost an LLM's convert a fresh allocation per group-wise weight)."""
+    torch.manual_seed(0)
+    prepared = qw.prepare_pt2e(export(Net().eval(), torch.randint(0, 96, (2, 8))), WeightQuantizer())
+    returned = []
+    computed = PerGroupMinMaxObserver.calculate_qparams
+
+    def recording(self):
+        qparams = computed(self)
+        returned.extend(qparams)
+        return qparams
+
+    monkeypatch.setattr(PerGroupMinMaxObserver, "calculate_qparams", recording)
+    converted = qw.convert_pt2e(prepared)
+    held = {b.untyped_storage().data_ptr() for b in converted.buffers()}
+    assert len(returned) == 2 and all(t.untyped_storage().data_ptr() in held for t in returned)
+
+
+class HeldQParams(PerChannelMinMaxObserver):
+    """Returns qparams it holds: its own buffer (scale) and a plain attribute (zero point)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.register_buffer("held_scale", torch.tensor([]))
+        self.held_zero_point = torch.tensor([])
+
+    def calculate_qparams(self):
+        scale, zero_point = super().calculate_qparams()
+        self.held_scale, self.held_zero_point = scale, zero_point
+        return self.held_scale, self.held_zero_point
+
+
+def test_qparams_an_observer_holds_are_copied_into_the_converted_model():
+    """Writing into the converted model (``load_state_dict`` copies in place) must not reach
+    the prepared model's observers: qparams they hold are registered as copies."""
+
+    class Quantizer(qw.Quantizer):
+        def annotate(self, model):
+            spec = weight_spec(qw, HeldQParams, narrow=True)
+            for node in model.graph.nodes:
+                if node.op == "call_function" and node.target == aten.linear.default:
+                    annotate_input_qspec_map(node, node.args[1], spec)
+                    mark_annotated(node)
+            return model
+
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 96, (2, 8))
+    prepared = qw.prepare_pt2e(export(Net().eval(), tokens), Quantizer())
+    prepared(tokens)
+    converted = qw.convert_pt2e(prepared)
+    observers = [m for m in prepared.modules() if isinstance(m, HeldQParams)]
+    assert observers and all(m.held_scale.numel() for m in observers)
+    before = [(m.held_scale.clone(), m.held_zero_point.clone()) for m in observers]
+    with torch.no_grad():
+        for name, buffer in converted.named_buffers():
+            if "_scale_" in name or "_zero_point_" in name:
+                buffer.fill_(7)
+    assert all(
+        torch.equal(m.held_scale, scale) and torch.equal(m.held_zero_point, zero_point)
+        for m, (scale, zero_point) in zip(observers, before, strict=True)
+    )
+
+
+def test_qparams_registered_twice_are_copied_the_second_time():
+    from quantweave.convert import _Run  # an observer shared by two nodes gives its qparams twice
+
+    gm = export(Net().eval(), torch.randint(0, 96, (2, 8)))
+    run = _Run(gm, {})
+    scale = torch.rand(5)
+    observer = PerGroupMinMaxObserver(group_size=16)
+    first, second = run.own_buffer(scale, observer), run.own_buffer(scale, observer)
+    assert first.untyped_storage().data_ptr() == scale.untyped_storage().data_ptr()
+    assert second.untyped_storage().data_ptr() != scale.untyped_storage().data_ptr()
+    assert torch.equal(second, scale)
+    weight = next(gm.parameters())
+    assert run.own_buffer(weight[0], observer).untyped_storage().data_ptr() != weight.untyped_storage().data_ptr()

@@ -79,7 +79,6 @@ def test_what_it_does_not_handle_goes_to_the_op():
     w, scales = _weight(torch.float32)
     zp = torch.zeros(scales.shape, dtype=torch.int32)
     args = (scales, zp, -8, 7, torch.int8, 16)
-    assert quantize_groups(w, args, block_elements=w.numel()) is None  # one block: the op, whole
     assert quantize_groups(w.double(), args, block_elements=64) is None  # float64 weight
     assert quantize_groups(w, (scales.double(), *args[1:]), block_elements=64) is None  # float64 scales
     assert quantize_groups(w, (scales, zp.float(), *args[2:]), block_elements=64) is None  # float zero points
@@ -87,11 +86,27 @@ def test_what_it_does_not_handle_goes_to_the_op():
     assert quantize_groups(w.reshape(37, 4, 16), args, block_elements=64) is None  # not 2-D
     assert quantize_groups(w, (scales[:-1], *args[1:]), block_elements=64) is None  # scales of other groups
     assert quantize_groups(w, args, block_elements=32) is None  # rows longer than a block
-    for value, args_ in [(w, args), (w.double(), args), (w, (scales.double(), *args[1:]))]:
+    for value, args_ in [(w.double(), args), (w, (scales.double(), *args[1:]))]:
         calls = []
         with _Recorder(calls):
-            result = quantize_weight(OP, value, args_)  # one block (BLOCK_ELEMENTS is 2**20), or not handled
+            result = quantize_weight(OP, value, args_)  # not handled: the op
         assert calls == [OP] and torch.equal(result, OP(value, *args_))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_weight_of_one_block_or_less_is_quantized_here_too(dtype):
+    """Small weights (an LLM's projections at small sizes) take the same path in one block:
+    fewer ops than the op's six passes, the same integers, and the op's NaN error."""
+    w, scales = _weight(dtype)
+    args = (scales, torch.randint(-4, 4, scales.shape, dtype=torch.int32), -8, 7, torch.int8, 16)
+    assert torch.equal(quantize_groups(w, args, block_elements=w.numel()), OP(w, *args))  # exactly one block
+    calls = []
+    with _Recorder(calls):
+        ours = quantize_weight(OP, w, args)  # BLOCK_ELEMENTS is far more than the weight
+    assert calls == [] and torch.equal(ours, OP(w, *args))
+    w[3, 3] = float("nan")
+    with pytest.raises(AssertionError, match="NaN"):
+        quantize_groups(w, args, block_elements=w.numel())
 
 
 class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):

@@ -160,10 +160,7 @@ def _convert(model: GraphModule, fold_quantize: bool, use_reference_representati
     _observe_constants(gm, observer_nodes, constant_cache, constant_values)
     _check_calibrated(gm, observer_nodes)
     folded_inputs: list[Node] = []
-    # one observer module may sit at several nodes (sharing); its qparams are computed once
-    qparams_cache: dict[int, tuple[Any, Any]] = {}
-    workspace = new_workspace()  # every weight is quantized in this one block buffer
-    taken_below: dict[str, int] = {}  # names of the frozen weights: each search starts after the last one
+    run = _Run(gm, constant_values)
     hook_nodes: list[Node] = []
     for node in observer_nodes:
         module = gm.get_submodule(str(node.target))
@@ -176,7 +173,7 @@ def _convert(model: GraphModule, fold_quantize: bool, use_reference_representati
         source = node.args[0]
         assert isinstance(source, Node)
         fold = fold_quantize and is_constant(source, constant_cache)
-        _replace_observer(gm, node, module, fold, constant_values, qparams_cache, workspace, taken_below)
+        _replace_observer(gm, node, module, fold, run)
         if fold:
             folded_inputs.append(source)
     if fold_quantize and hook_nodes:
@@ -191,7 +188,9 @@ def _convert(model: GraphModule, fold_quantize: bool, use_reference_representati
     port_quantization_tags(gm.graph, [n for n in gm.graph.nodes if n not in before], dequantize_ops())
     if use_reference_representation:
         to_reference_representation(gm)
-    return disallow_eval_train(rebuild(gm, signature_from=model))  # code generated on first use
+    # code generated on first use; the graph linted where an observer's convert hook (not
+    # this package's code) edited it
+    return disallow_eval_train(rebuild(gm, signature_from=model, lint=bool(hook_nodes)))
 
 
 def _is_observer(module: torch.nn.Module) -> bool:
@@ -270,16 +269,64 @@ def _quant_settings(module: torch.nn.Module) -> tuple[Any, ...]:
     return dtype, qscheme, int(quant_min), int(quant_max)
 
 
-def _replace_observer(
-    gm: GraphModule,
-    node: Node,
-    module: torch.nn.Module,
-    fold: bool,
-    constant_values: dict[Node, Any],
-    qparams_cache: dict[int, tuple[Any, Any]],
-    workspace: Any = None,
-    taken_below: dict[str, int] | None = None,
-) -> None:
+class _Run:
+    """What one convert call keeps between the observers it replaces."""
+
+    def __init__(self, gm: GraphModule, constant_values: dict[Node, Any]) -> None:
+        self.gm = gm
+        self.constant_values = constant_values
+        # one observer module may sit at several nodes (sharing); its qparams are computed once
+        self.qparams: dict[int, tuple[Any, Any]] = {}
+        self.workspace = new_workspace()  # every weight is quantized in this one block buffer
+        self.taken_below: dict[str, int] = {}  # names of the frozen weights: each search starts after the last one
+        self._held: set[int] | None = None
+        self._observers_held: dict[int, set[int]] = {}
+
+    def own_buffer(self, value: Any, observer: torch.nn.Module) -> torch.Tensor:
+        """``value`` (an observer's scale or zero point) as a tensor the converted model may own:
+        itself when no other tensor the module holds shares its storage, else a copy. The
+        qparams an observer computes are new tensors, and copying them cost a 4-bit LLM's
+        convert a fresh allocation (page faults and all) per group-wise weight (issue 25). A
+        copy is made for a tensor sharing storage with one the module holds (an observer's own
+        buffer or attribute, a weight, qparams registered before: an observer shared by several
+        nodes), so
+        ``load_state_dict`` on the converted model writes into nothing else; and for an empty
+        tensor or a value that is not a tensor."""
+        tensor = torch.as_tensor(value).detach()
+        held = self._storages_held()
+        if id(observer) not in self._observers_held:  # read once its qparams are computed
+            self._observers_held[id(observer)] = _storages(observer)
+        address = tensor.untyped_storage().data_ptr()
+        if (
+            isinstance(value, torch.Tensor)
+            and tensor.numel()
+            and address not in held
+            and address not in self._observers_held[id(observer)]
+        ):
+            held.add(address)
+            return tensor
+        return tensor.clone()
+
+    def _storages_held(self) -> set[int]:
+        """Storage addresses of the tensors the module and its submodules (observers included)
+        hold, as parameters, buffers or plain attributes; read on first use, then kept up to date
+        by :meth:`own_buffer` (which also reads the observer at hand again: its
+        ``calculate_qparams`` may have stored new tensors)."""
+        if self._held is None:
+            self._held = _storages(self.gm)
+        return self._held
+
+
+def _storages(module: torch.nn.Module) -> set[int]:
+    """Storage addresses of the tensors ``module`` and its submodules hold as parameters,
+    buffers or plain attributes."""
+    held = {t.untyped_storage().data_ptr() for t in (*module.parameters(), *module.buffers())}
+    for submodule in module.modules():
+        held.update(v.untyped_storage().data_ptr() for v in vars(submodule).values() if isinstance(v, torch.Tensor))
+    return held
+
+
+def _replace_observer(gm: GraphModule, node: Node, module: torch.nn.Module, fold: bool, run: _Run) -> None:
     graph = gm.graph
     _qd = quantized_decomposed_ops()
     source = node.args[0]
@@ -321,19 +368,19 @@ def _replace_observer(
         return
 
     q_args: tuple[Any, ...]
-    if id(module) not in qparams_cache:
-        qparams_cache[id(module)] = _qparams(module, name, source)
-    scale_t, zero_point_t = qparams_cache[id(module)]
+    if id(module) not in run.qparams:
+        run.qparams[id(module)] = _qparams(module, name, source)
+    scale_t, zero_point_t = run.qparams[id(module)]
     group_size = getattr(module, "group_size", None)
     dq_extra: tuple[Any, ...] = ()
     if group_size is not None:  # group-wise: (rows, groups) qparams, groups along the last dimension
-        scale_node, zp_node = _qparam_buffers(gm, node, name, scale_t, zero_point_t)
+        scale_node, zp_node = _qparam_buffers(run, node, module, scale_t, zero_point_t)
         q_args = (scale_node, zp_node, quant_min, quant_max, dtype, int(group_size))
         q_op, dq_op = _qd.quantize_per_channel_group.default, _qd.dequantize_per_channel_group.default
         dq_extra = (dq_kwargs.pop("out_dtype", torch.float32),)  # output_dtype is positional here
     elif is_per_channel(qscheme):
         axis = int(module.ch_axis)  # type: ignore[arg-type]
-        scale_node, zp_node = _qparam_buffers(gm, node, name, scale_t, zero_point_t)
+        scale_node, zp_node = _qparam_buffers(run, node, module, scale_t, zero_point_t)
         q_args = (scale_node, zp_node, axis, quant_min, quant_max, dtype)
         q_op, dq_op = _qd.quantize_per_channel.default, _qd.dequantize_per_channel.default
     else:
@@ -342,12 +389,12 @@ def _replace_observer(
 
     with graph.inserting_before(node):
         if fold:
-            values = torch.fx.node.map_arg(q_args, lambda n: evaluate_constant(gm, n, constant_values))
+            values = torch.fx.node.map_arg(q_args, lambda n: evaluate_constant(gm, n, run.constant_values))
             with torch.no_grad():
-                weight = evaluate_constant(gm, source, constant_values)
+                weight = evaluate_constant(gm, source, run.constant_values)
                 nan_free = group_size is not None and observed_nan_free(module, weight)
-                qvalue = quantize_weight(q_op, weight, values, workspace, nan_free=nan_free)
-            q_name = new_attr_name(gm, "_frozen_param", taken_below)
+                qvalue = quantize_weight(q_op, weight, values, run.workspace, nan_free=nan_free)
+            q_name = new_attr_name(gm, "_frozen_param", run.taken_below)
             gm.register_buffer(q_name, qvalue)
             quant = graph.get_attr(q_name)
         else:
@@ -360,12 +407,14 @@ def _replace_observer(
     graph.erase_node(node)
 
 
-def _qparam_buffers(gm: GraphModule, node: Node, name: str, scale: Any, zero_point: Any) -> tuple[Node, Node]:
-    """Per-channel / per-group qparams as buffers of ``gm``, read by get_attr nodes before ``node``."""
+def _qparam_buffers(run: _Run, node: Node, observer: torch.nn.Module, scale: Any, zero_point: Any) -> tuple[Node, Node]:
+    """Per-channel / per-group qparams of ``observer`` (at ``node``) as buffers of the module,
+    read by get_attr nodes before ``node``."""
+    gm, name = run.gm, str(node.target)
     scale_name = new_attr_name(gm, f"{name}_scale_")
     zp_name = new_attr_name(gm, f"{name}_zero_point_")
-    gm.register_buffer(scale_name, torch.as_tensor(scale).detach().clone())
-    gm.register_buffer(zp_name, torch.as_tensor(zero_point).detach().clone())
+    gm.register_buffer(scale_name, run.own_buffer(scale, observer))
+    gm.register_buffer(zp_name, run.own_buffer(zero_point, observer))
     with gm.graph.inserting_before(node):
         return gm.graph.get_attr(scale_name), gm.graph.get_attr(zp_name)
 

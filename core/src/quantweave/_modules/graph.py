@@ -115,12 +115,17 @@ def _written_arguments(target: Any) -> tuple[tuple[int, str], ...] | None:
     return positions
 
 
-def rebuild(model: GraphModule, signature_from: torch.nn.Module | None = None) -> GraphModule:
+def rebuild(model: GraphModule, signature_from: torch.nn.Module | None = None, *, lint: bool = True) -> GraphModule:
     """A fresh GraphModule holding only the attributes the graph uses: eager, or with
     ``signature_from`` (the module the graph was copied from) one whose code is generated on
     first use (``torch_compat.deferred_graph_module``: a prepared model that is never called,
-    as an 8da4w one converted straight away, never pays for its code)."""
-    model.graph.lint()
+    as an 8da4w one converted straight away, never pays for its code).
+
+    ``lint``: check the graph first (``Graph.lint``: every argument defined before use, every
+    target present), where code that is not ours edited it (a quantizer's transform, an
+    observer's convert hook); ``False`` where only this package's rewrites did."""
+    if lint:
+        model.graph.lint()
     if signature_from is None:
         fresh = GraphModule(model, model.graph)
     else:

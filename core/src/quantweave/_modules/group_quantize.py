@@ -16,7 +16,8 @@ arithmetic on blocks of rows (the temporaries are those of one block, as
 - ``+ zero_points`` is skipped when every zero point is 0 (symmetric groups): ``x + 0`` is
   ``x`` but for the sign of a zero, which no integer keeps.
 
-Anything else (other ops, dtypes, layouts, weights of one block or less) goes to
+A weight of one block or less is one block here too (the op's Python decomposition costs
+about twice as much on a 128 x 128 weight). Anything else (other ops, dtypes, layouts) goes to
 :func:`.chunked_quantize.quantize_constant` as before.
 """
 
@@ -75,8 +76,8 @@ def quantize_groups(
     workspace: chunked_quantize.Workspace | None = None,
     nan_free: bool = False,
 ) -> torch.Tensor | None:
-    """``quantize_per_channel_group(value, *args)`` for a 2-D float weight of more than
-    ``block_elements`` elements with float32 scales and integer zero points, one per group;
+    """``quantize_per_channel_group(value, *args)`` for a 2-D float weight (whose rows fit in
+    ``block_elements``) with float32 scales and integer zero points, one per group;
     None for anything else (the caller computes it with the op). ``nan_free``: ``value`` is
     known to hold no NaN (the op's NaN check, a pass over the weight, is left out)."""
     if len(args) != 6 or not isinstance(value, torch.Tensor):
@@ -90,7 +91,6 @@ def quantize_groups(
         and isinstance(quant_max, int)
         and value.dim() == 2
         and value.dtype in _FLOATS
-        and value.numel() > block_elements
         and value.shape[1] <= block_elements  # a block holds at least one whole row
         and group_size > 1
         and value.shape[1] % group_size == 0
@@ -109,12 +109,16 @@ def quantize_groups(
     per_row = columns // group_size
     step = max(1, block_elements // columns)
     out = torch.empty(value.shape, dtype=dtype, device=value.device)
-    if workspace is None or workspace.block_elements < block_elements:
-        workspace = chunked_quantize.Workspace(block_elements)
+    if step >= rows:  # one block: a temporary of the weight's size (the workspace is for larger weights)
+        step = rows
+        full_work = torch.empty(value.numel(), dtype=torch.float32, device=value.device).view(-1, group_size)
+    else:
+        if workspace is None or workspace.block_elements < block_elements:
+            workspace = chunked_quantize.Workspace(block_elements)
+        full_work = workspace.take(step * columns, value.device).view(-1, group_size)
     # views made once, not per block (a block is then a slice of each: fewer ops per block,
     # the same elements in the same places); a non-contiguous weight is reshaped block by block
     groups_of = value.view(-1, group_size) if value.is_contiguous() else None
-    full_work = workspace.take(step * columns, value.device).view(-1, group_size)
     out_groups = out.view(-1, group_size)
     for start in range(0, rows, step):
         stop = min(rows, start + step)
