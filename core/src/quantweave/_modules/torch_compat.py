@@ -67,6 +67,8 @@ from torch.ao.quantization.observer import (
 )
 from torch.fx import Graph, GraphModule
 
+from .graph_module_attrs import construct
+
 __all__ = [
     "FakeQuantize",
     "FakeQuantizeBase",
@@ -141,7 +143,7 @@ def lazy_graph_module(root: torch.nn.Module, graph: Graph) -> GraphModule:
         from torch.fx._lazy_graph_module import _LazyGraphModule
     except ImportError:  # pragma: no cover - a torch without it: compile eagerly
         return GraphModule(root, graph)
-    return _LazyGraphModule(root, graph)
+    return construct(_LazyGraphModule, root, graph)  # attributes copied in fewer steps
 
 
 _DEFERRING = threading.local()
@@ -175,7 +177,7 @@ def deferred_graph_module(root: GraphModule, graph: Graph, signature_from: torch
     cls = _deferred_class(_LazyGraphModule)
     _DEFERRING.active = True
     try:
-        module = cls(root, graph)
+        module = construct(cls, root, graph)  # attributes copied in fewer steps
     finally:
         _DEFERRING.active = False
     instance_cls = type(module)  # GraphModule makes a class per instance
