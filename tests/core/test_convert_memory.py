@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import quantweave as qw
+import quantweave.convert as convert_module
 from quantweave._modules import chunked_quantize
 from quantweave._modules.chunked_quantize import quantize_constant
 from quantweave.authoring import annotate_input_qspec_map, dequantize_ops
@@ -302,6 +303,7 @@ def test_qparams_an_observer_computes_become_buffers_without_a_copy(monkeypatch)
         return qparams
 
     monkeypatch.setattr(PerGroupMinMaxObserver, "calculate_qparams", recording)
+    monkeypatch.setattr(convert_module, "_COPIED_ANYWAY", 1)  # the table's 384 groups count as large
     converted = qw.convert_pt2e(prepared)
     held = {b.untyped_storage().data_ptr() for b in converted.buffers()}
     assert len(returned) == 2 and all(t.untyped_storage().data_ptr() in held for t in returned)
@@ -321,7 +323,7 @@ class HeldQParams(PerChannelMinMaxObserver):
         return self.held_scale, self.held_zero_point
 
 
-def test_qparams_an_observer_holds_are_copied_into_the_converted_model():
+def test_qparams_an_observer_holds_are_copied_into_the_converted_model(monkeypatch):
     """Writing into the converted model (``load_state_dict`` copies in place) must not reach
     the prepared model's observers: qparams they hold are registered as copies."""
 
@@ -338,6 +340,7 @@ def test_qparams_an_observer_holds_are_copied_into_the_converted_model():
     tokens = torch.randint(0, 96, (2, 8))
     prepared = qw.prepare_pt2e(export(Net().eval(), tokens), Quantizer())
     prepared(tokens)
+    monkeypatch.setattr(convert_module, "_COPIED_ANYWAY", 1)  # 128 and 96 channels count as large
     converted = qw.convert_pt2e(prepared)
     observers = [m for m in prepared.modules() if isinstance(m, HeldQParams)]
     assert observers and all(m.held_scale.numel() for m in observers)
@@ -353,15 +356,17 @@ def test_qparams_an_observer_holds_are_copied_into_the_converted_model():
 
 
 def test_qparams_registered_twice_are_copied_the_second_time():
-    from quantweave.convert import _Run  # an observer shared by two nodes gives its qparams twice
-
     gm = export(Net().eval(), torch.randint(0, 96, (2, 8)))
-    run = _Run(gm, {})
-    scale = torch.rand(5)
+    run = convert_module._Run(gm, {})
     observer = PerGroupMinMaxObserver(group_size=16)
-    first, second = run.own_buffer(scale, observer), run.own_buffer(scale, observer)
+    scale = torch.rand(convert_module._COPIED_ANYWAY)
+    first, second = run.own_buffer(scale, observer), run.own_buffer(scale, observer)  # a shared observer
     assert first.untyped_storage().data_ptr() == scale.untyped_storage().data_ptr()
     assert second.untyped_storage().data_ptr() != scale.untyped_storage().data_ptr()
     assert torch.equal(second, scale)
-    weight = next(gm.parameters())
-    assert run.own_buffer(weight[0], observer).untyped_storage().data_ptr() != weight.untyped_storage().data_ptr()
+    table = gm.get_parameter("emb.weight")  # 96 x 64: a weight's storage is never the converted model's qparams
+    assert (
+        run.own_buffer(table.reshape(-1), observer).untyped_storage().data_ptr() != table.untyped_storage().data_ptr()
+    )
+    small = torch.rand(convert_module._COPIED_ANYWAY - 1)
+    assert run.own_buffer(small, observer).untyped_storage().data_ptr() != small.untyped_storage().data_ptr()

@@ -269,6 +269,11 @@ def _quant_settings(module: torch.nn.Module) -> tuple[Any, ...]:
     return dtype, qscheme, int(quant_min), int(quant_max)
 
 
+#: qparams of fewer elements are copied without looking for what else holds them (a copy of a
+#: few KB costs less than the look)
+_COPIED_ANYWAY = 4096
+
+
 class _Run:
     """What one convert call keeps between the observers it replaces."""
 
@@ -289,10 +294,11 @@ class _Run:
         convert a fresh allocation (page faults and all) per group-wise weight (issue 25). A
         copy is made for a tensor sharing storage with one the module holds (an observer's own
         buffer or attribute, a weight, qparams registered before: an observer shared by several
-        nodes), so
-        ``load_state_dict`` on the converted model writes into nothing else; and for an empty
-        tensor or a value that is not a tensor."""
+        nodes), so ``load_state_dict`` on the converted model writes into nothing else; and for
+        a small (:data:`_COPIED_ANYWAY`) or empty tensor or a value that is not a tensor."""
         tensor = torch.as_tensor(value).detach()
+        if tensor.numel() < _COPIED_ANYWAY:
+            return tensor.clone()
         held = self._storages_held()
         if id(observer) not in self._observers_held:  # read once its qparams are computed
             self._observers_held[id(observer)] = _storages(observer)
@@ -319,10 +325,11 @@ class _Run:
 
 def _storages(module: torch.nn.Module) -> set[int]:
     """Storage addresses of the tensors ``module`` and its submodules hold as parameters,
-    buffers or plain attributes."""
-    held = {t.untyped_storage().data_ptr() for t in (*module.parameters(), *module.buffers())}
+    buffers or plain attributes (one walk of the submodules)."""
+    held = set()
     for submodule in module.modules():
-        held.update(v.untyped_storage().data_ptr() for v in vars(submodule).values() if isinstance(v, torch.Tensor))
+        for values in (submodule._parameters.values(), submodule._buffers.values(), vars(submodule).values()):
+            held.update(v.untyped_storage().data_ptr() for v in values if isinstance(v, torch.Tensor))
     return held
 
 
