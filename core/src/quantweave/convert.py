@@ -403,7 +403,7 @@ def _replace_observer(gm: GraphModule, node: Node, module: torch.nn.Module, fold
                 qvalue = quantize_weight(q_op, weight, values, run.workspace, nan_free=nan_free)
             q_name = new_attr_name(gm, "_frozen_param", run.taken_below)
             gm.register_buffer(q_name, qvalue)
-            quant = graph.get_attr(q_name)
+            quant = graph.create_node("get_attr", q_name)  # registered just above: get_attr's look-up skipped
         else:
             quant = graph.call_function(q_op, (source, *q_args))
         dequant = graph.call_function(dq_op, (quant, *q_args, *dq_extra), dq_kwargs)
@@ -423,7 +423,8 @@ def _qparam_buffers(run: _Run, node: Node, observer: torch.nn.Module, scale: Any
     gm.register_buffer(scale_name, run.own_buffer(scale, observer))
     gm.register_buffer(zp_name, run.own_buffer(zero_point, observer))
     with gm.graph.inserting_before(node):
-        return gm.graph.get_attr(scale_name), gm.graph.get_attr(zp_name)
+        # registered just above: the get_attr nodes made without get_attr's look-up of the names
+        return gm.graph.create_node("get_attr", scale_name), gm.graph.create_node("get_attr", zp_name)
 
 
 def _insert_per_token(
