@@ -29,6 +29,7 @@ def _weight(dtype, rows=37, columns=64, group=16):
     w[0, :24] = (torch.arange(-12, 12).float() + 0.5) * 2.0**-5
     w[1, 0], w[1, 1], w[1, 2], w[1, 3] = 0.0, -0.0, float("inf"), float("-inf")  # signed zeros, infinities
     w[2] *= 50  # far beyond the range: clamped
+    scales[3] = torch.tensor([1e-40, 3e38, 1e-45, 2.0**-126])  # reciprocals: inf, subnormal, inf, a power of two
     return w.to(dtype), scales
 
 

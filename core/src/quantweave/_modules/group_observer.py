@@ -121,7 +121,8 @@ class PerGroupMinMaxObserver(ObserverBase):
             # max(|min(min_val, 0)|, max(max_val, 0)) / half range, at least eps, in two ops fewer:
             # max(-min_val, max_val) differs from it only where both are negative (or a zero's
             # sign), where both quotients are <= 0 < eps and the scale is eps; NaN and inf carry alike
-            amax = torch.maximum(torch.neg(self.min_val), self.max_val)
+            amax = torch.neg(self.min_val)
+            torch.maximum(amax, self.max_val, out=amax)  # in place: one temporary of the scales' size, not two
             scale = amax.div_((qmax - qmin) / 2).clamp_(min=self.eps)
             middle = 0 if dtype_range(integer_dtype(self.dtype))[0] < 0 else (qmin + qmax + 1) // 2
             zero_point = torch.full_like(scale, middle, dtype=torch.int32)

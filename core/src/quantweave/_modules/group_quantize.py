@@ -9,7 +9,8 @@ arithmetic on blocks of rows (the temporaries are those of one block, as
 :mod:`.chunked_quantize`'s), in place on one temporary per block:
 
 - the same expressions in the same order on the same values: ``x.mul(1.0 / scales)``
-  (float32), ``+ zero_points``, round half to even, clamp, cast: every integer is the op's
+  (float32; ``1.0 / scales`` is ``scales.reciprocal() * 1.0``, taken block by block),
+  ``+ zero_points``, round half to even, clamp, cast: every integer is the op's
   (``tests/core/test_group_quantize.py`` compares them, NaN and ties included);
 - the NaN check is a sum per block (NaN in, NaN out), and ``isnan`` only when that sum is
   NaN: the op's ``AssertionError`` for a NaN, with its message;
@@ -104,10 +105,13 @@ def quantize_groups(
     groups = rows * (columns // group_size)
     if scales.numel() != groups or zero_points.numel() != groups:
         return None
-    inverse = 1.0 / scales.reshape(-1, 1)  # the op's expression: the same float32 values
+    scales = scales.reshape(-1, 1)
     offsets = None if not bool(zero_points.any()) else zero_points.reshape(-1, 1)
     per_row = columns // group_size
     step = max(1, block_elements // columns)
+    # the op's 1.0 / scales is Tensor.__rtruediv__: scales.reciprocal() * 1.0, the reciprocals'
+    # bits (* 1.0 changes no float); taken block by block into one small buffer
+    inverse = torch.empty((min(rows, step) * per_row, 1), dtype=torch.float32, device=value.device)
     out = torch.empty(value.shape, dtype=dtype, device=value.device)
     if step >= rows:  # one block: a temporary of the weight's size (the workspace is for larger weights)
         step = rows
@@ -127,7 +131,9 @@ def quantize_groups(
         if not nan_free and torch.isnan(block.sum()) and bool(torch.isnan(block).any()):
             raise AssertionError("to_quant must not contain NaNs")  # the op's error
         work = full_work if last - first == full_work.shape[0] else full_work[: last - first]
-        torch.mul(block, inverse[first:last], out=work)
+        inverses = inverse if last - first == inverse.shape[0] else inverse[: last - first]
+        torch.reciprocal(scales[first:last], out=inverses)
+        torch.mul(block, inverses, out=work)
         if offsets is not None:
             work.add_(offsets[first:last])
         work.round_()
