@@ -71,7 +71,7 @@ def round_up_to_bf16(scale: torch.Tensor) -> torch.Tensor:
             # >= scale clears the low bits after adding 0xFFFF (the values of the general path
             # below, in two integer passes instead of seven)
             bits = scale.contiguous().view(torch.int32)
-            return torch.bitwise_and(bits + 0xFFFF, -0x10000).view(torch.float32)
+            return torch.add(bits, 0xFFFF).bitwise_and_(-0x10000).view(torch.float32)  # one new tensor
     rounded = scale.to(torch.bfloat16)
     below = rounded.to(torch.float32) < scale
     rounded = torch.where(below, torch.nextafter(rounded, torch.full_like(rounded, float("inf"))), rounded)
