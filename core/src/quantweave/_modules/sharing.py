@@ -165,9 +165,11 @@ def _same_attrs(a: QuantizationSpecBase, b: QuantizationSpecBase) -> bool:
     return all(getattr(a, name, _MISSING) == getattr(b, name, _MISSING) for name in _SHARING_ATTRS)
 
 
-def group_specs(
-    specs: dict[EdgeOrNode, QuantizationSpecBase],
-) -> tuple[dict[EdgeOrNode, EdgeOrNode], dict[EdgeOrNode, QuantizationSpecBase]]:
+#: what :func:`group_specs` returns: each key's group root, and each root's concrete spec
+Groups = tuple[dict[EdgeOrNode, EdgeOrNode], dict[EdgeOrNode, QuantizationSpecBase]]
+
+
+def group_specs(specs: dict[EdgeOrNode, QuantizationSpecBase]) -> Groups:
     """Map each key to its group root, and each root to the group's concrete spec."""
     groups = _Groups(specs)
     for key, spec in specs.items():
@@ -207,9 +209,12 @@ def group_specs(
     return roots, concrete
 
 
-def build_observers(specs: dict[EdgeOrNode, QuantizationSpecBase], is_qat: bool) -> dict[EdgeOrNode, torch.nn.Module]:
-    """One observer (or fake-quantize) per sharing group, mapped from every member."""
-    roots, concrete = group_specs(specs)
+def build_observers(
+    specs: dict[EdgeOrNode, QuantizationSpecBase], is_qat: bool, groups: Groups | None = None
+) -> dict[EdgeOrNode, torch.nn.Module]:
+    """One observer (or fake-quantize) per sharing group, mapped from every member
+    (``groups``: ``group_specs(specs)`` when the caller has it)."""
+    roots, concrete = group_specs(specs) if groups is None else groups
     by_root: dict[EdgeOrNode, torch.nn.Module] = {}
     building: list[EdgeOrNode] = []
 
