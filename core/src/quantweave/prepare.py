@@ -205,8 +205,8 @@ def _insert_observers(gm: GraphModule, observers: dict[EdgeOrNode, torch.nn.Modu
             name = f"{OBSERVER_PREFIX}{len(names)}"
             names[id(observer)] = name
             gm.add_submodule(name, observer)
-        with graph.inserting_after(after):
-            node = graph.call_module(name, (after,))
+        with graph.inserting_after(after):  # call_module's check that the submodule exists: it was just added
+            node = graph.create_node("call_module", name, (after,))
         node.meta["val"] = after.meta.get("val")
         port_meta(after, node, ("stack_trace", "nn_module_stack"))
         existing[(after, id(observer))] = node
