@@ -17,6 +17,8 @@ Steps (all independent of graph order):
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -217,6 +219,7 @@ def build_observers(
     roots, concrete = group_specs(specs) if groups is None else groups
     by_root: dict[EdgeOrNode, torch.nn.Module] = {}
     building: list[EdgeOrNode] = []
+    constructors: dict[int, Callable[[], torch.nn.Module]] = {}  # id(spec) -> its observers' constructor
 
     def observer_for(root: EdgeOrNode) -> torch.nn.Module:
         if root in by_root:
@@ -235,7 +238,10 @@ def build_observers(
                 sources = [observer_for(roots[k]) for k in spec.derived_from]
                 observer = _derived_observer(spec, sources)
             else:
-                observer = _make_observer(spec, is_qat)
+                ctr = constructors.get(id(spec))  # one spec object often serves many groups
+                if ctr is None:
+                    ctr = constructors[id(spec)] = _observer_constructor(spec, is_qat)
+                observer = ctr()
         except SharingError:
             raise
         except Exception as exc:
@@ -260,7 +266,8 @@ def _derived_observer(spec: DerivedQuantizationSpec, sources: list[torch.nn.Modu
     )
 
 
-def _make_observer(spec: QuantizationSpecBase, is_qat: bool) -> torch.nn.Module:
+def _observer_constructor(spec: QuantizationSpecBase, is_qat: bool) -> Callable[[], torch.nn.Module]:
+    """A zero-argument constructor of ``spec``'s observer (or fake-quantize), a new one per call."""
     if isinstance(spec, FixedQParamsQuantizationSpec):
         lo, hi = dtype_range(spec.dtype)
         fixed_kwargs = {
@@ -273,8 +280,8 @@ def _make_observer(spec: QuantizationSpecBase, is_qat: bool) -> torch.nn.Module:
         }
         ctr = with_observer_kwargs(FixedQParamsObserver, fixed_kwargs)
         if is_qat:
-            return FixedQParamsFakeQuantize(observer=ctr)
-        return ctr()
+            return functools.partial(FixedQParamsFakeQuantize, observer=ctr)
+        return ctr
     assert isinstance(spec, QuantizationSpec)
     kwargs: dict[str, Any] = {
         "dtype": spec.dtype,
@@ -292,4 +299,4 @@ def _make_observer(spec: QuantizationSpecBase, is_qat: bool) -> torch.nn.Module:
     if getattr(spec, "group_size", None) is not None:  # group-wise: the observer must take group_size
         kwargs["group_size"] = spec.group_size
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
-    return with_observer_kwargs(spec.observer_or_fake_quant_ctr, kwargs)()
+    return with_observer_kwargs(spec.observer_or_fake_quant_ctr, kwargs)
