@@ -63,6 +63,23 @@ def test_calls_matches_overloads_and_packets(gm):
     assert kit.node_op(linear) == "aten.linear.default"
 
 
+def test_calls_on_a_frozenset_agrees_with_op_matches_on_every_node(gm):
+    """A frozenset of ops answers as op_matches does for each member (overloads, packets, a
+    mix, and sets holding other callables), in any container, on every node of a graph."""
+    import operator
+
+    overloads = frozenset((aten.linear.default, aten.relu.default, aten.mean.dim))
+    packets = frozenset((aten.conv2d, aten.mul))
+    others = frozenset((operator.getitem, aten.linear.default, aten.mul))
+    for ops in (overloads, packets, overloads | packets, others, frozenset(), frozenset((aten.add.Tensor,))):
+        for node in gm.graph.nodes:
+            expected = node.op == "call_function" and any(kit.op_matches(op, node.target) for op in ops)
+            assert kit.calls(node, ops) is expected, (node.name, ops)
+            assert kit.calls(node, tuple(ops)) is expected and kit.calls(node, set(ops)) is expected
+    assert kit.calls(_node(gm, aten.mul.Tensor), frozenset((aten.mul,)))
+    assert not kit.calls(_node(gm, aten.linear.default), frozenset((aten.linear.out, aten.relu)))
+
+
 def test_users_and_descriptions(gm):
     linear = _node(gm, aten.linear.default)
     relu = kit.only_user(linear)

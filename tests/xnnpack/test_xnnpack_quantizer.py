@@ -353,6 +353,24 @@ def test_scalar_operand_becomes_a_buffer_without_touching_the_callers_model():
     assert q.transform_for_annotation(export(nn.Linear(2, 2), torch.randn(1, 2))) is not None
 
 
+def test_scalar_buffer_records_a_fake_value_of_the_graphs_fake_mode():
+    """The new constant's meta["val"] is what torch.export records for a 0-d float32 buffer:
+    a FakeTensor of the graph's own fake mode, with the buffer's shape, strides, dtype and device."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    exported = export(Fn(lambda m, x: x * 0.5 + 1), torch.randn(2, 8))
+    transformed = quantizer().transform_for_annotation(exported)
+    mode = next(n.meta["val"].fake_mode for n in transformed.graph.nodes if n.op == "placeholder")
+    constants = [n for n in transformed.graph.nodes if n.op == "get_attr"]
+    assert len(constants) == 2
+    for constant in constants:
+        val, real = constant.meta["val"], getattr(transformed, constant.target)
+        assert isinstance(val, FakeTensor) and val.fake_mode is mode
+        assert (val.shape, val.stride(), val.dtype, val.device) == (real.shape, real.stride(), real.dtype, real.device)
+        assert val.shape == () and val.dtype == torch.float32
+    assert constants[0].meta["val"] is not constants[1].meta["val"]
+
+
 def test_scalar_of_an_integer_add_is_left_alone():
     """An int tensor + 1 keeps its dtype: no float buffer is introduced (ExecuTorch would
     turn 1 into a float32 0-d tensor, promoting the result to float)."""

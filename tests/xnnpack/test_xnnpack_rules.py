@@ -55,3 +55,33 @@ def test_sharing_rows_say_why_an_op_stayed_float():
     assert TABLE["relu"].why_float is not None
     assert relu.meta[SKIP_REASON_KEY] == TABLE["relu"].why_float(relu)
     assert "'x'" in relu.meta[SKIP_REASON_KEY] and "relu" in relu.meta[SKIP_REASON_KEY]
+
+
+def test_every_match_is_anchored_on_a_node_calling_its_matchers_anchor_ops():
+    """The quantizer skips a matcher when no node calls one of its anchor ops: that holds only
+    while each match's anchor calls one of them, on graphs with every op the matchers look for."""
+    from quantweave.authoring import calls
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+            self.conv2, self.convt = nn.Conv2d(4, 4, 1), nn.ConvTranspose2d(4, 4, 1)
+            self.bnt, self.linear = nn.BatchNorm2d(4), nn.Linear(4, 4)
+            self.register_buffer("w", torch.randn(4, 4))
+
+        def forward(self, x):
+            y = torch.relu(self.bn(self.conv(x)))
+            y = torch.relu(self.conv2(y)) + self.bnt(self.convt(y))
+            y = torch.relu(y * y) + torch.relu(y + 1.0)
+            z = torch.cat([y, y * 2], 1)
+            v = nn.functional.adaptive_avg_pool2d(z, 1).flatten(1)[:, :4]
+            return torch.relu(self.linear(v)) + self.linear(v) + v @ self.w + torch.addmm(v, v, self.w)
+
+    gm = qx.XNNPACKQuantizer().transform_for_annotation(export(M().train(), torch.randn(2, 3, 8, 8)))
+    found = 0
+    for matcher in MATCHERS:
+        for match in matcher(gm):
+            assert calls(match.anchor, matcher.anchors), (matcher.name, match.anchor.name)
+            found += 1
+    assert found >= len(MATCHERS)

@@ -126,7 +126,7 @@ class ComposableQuantizer(Quantizer):
         seen: dict[Node, tuple[QuantizationAnnotation, _Snapshot, str]] = {}
         for node in model.graph.nodes:  # annotations made before composition belong to the caller
             annotation = node.meta.get(ANNOTATION_KEY)
-            if is_annotation_like(annotation):
+            if annotation is not None and is_annotation_like(annotation):
                 seen[node] = (annotation, _value(annotation), "<pre-existing>")
         for member, label in zip(self.quantizers, self.labels, strict=True):
             self._member_call(label, member, "annotate", model)
@@ -161,7 +161,7 @@ class ComposableQuantizer(Quantizer):
                         seen[node] = (current, _value(current), owner)
             for node in model.graph.nodes:
                 annotation = node.meta.get(ANNOTATION_KEY)
-                if node not in seen and is_annotation_like(annotation):
+                if annotation is not None and node not in seen and is_annotation_like(annotation):
                     seen[node] = (annotation, _value(annotation), label)
                     if not isinstance(member, ComposableQuantizer) or ANNOTATED_BY_KEY not in node.meta:
                         node.meta[ANNOTATED_BY_KEY] = label  # a nested composition names its own members

@@ -38,7 +38,7 @@ from ._modules.misuse import PREPARED_KEY, check_prepare_input
 from ._modules.per_token import mark_per_token_observers
 from ._modules.prepare_rules import drop_in_place_destinations, map_subgraphs
 from ._modules.qat_conv_bn import simulate_conv_bn
-from ._modules.sharing import collect_specs, describe
+from ._modules.sharing import collect_specs, describe, group_specs
 from ._modules.spec_check import build_checked_observers
 from ._modules.working_copy import handed_over
 from .annotation import ANNOTATED_BY_KEY, ANNOTATION_KEY, EdgeOrNode, QuantizationAnnotation
@@ -127,8 +127,9 @@ def _prepare(model: GraphModule, quantizer: Quantizer, is_qat: bool) -> GraphMod
         simulate_conv_bn(gm)
     specs = collect_specs(gm.graph)
     _check_observed_tensors(gm, specs, quantizer)
-    observers = build_checked_observers(gm, specs, is_qat, lambda key: _label(key, quantizer))
-    mark_per_token_observers(specs, observers, is_qat, lambda key: _label(key, quantizer))
+    groups = group_specs(specs)  # sharing groups, once for every step below
+    observers = build_checked_observers(gm, specs, is_qat, lambda key: _label(key, quantizer), groups)
+    mark_per_token_observers(specs, observers, is_qat, lambda key: _label(key, quantizer), groups)
     _hook(quantizer, "prepare_obs_or_fq_callback", api, gm, observers)
     check_observers(observers, lambda key: _label(key, quantizer))
     _insert_observers(gm, drop_in_place_destinations(observers))  # a written buffer is written itself
@@ -204,8 +205,8 @@ def _insert_observers(gm: GraphModule, observers: dict[EdgeOrNode, torch.nn.Modu
             name = f"{OBSERVER_PREFIX}{len(names)}"
             names[id(observer)] = name
             gm.add_submodule(name, observer)
-        with graph.inserting_after(after):
-            node = graph.call_module(name, (after,))
+        with graph.inserting_after(after):  # call_module's check that the submodule exists: it was just added
+            node = graph.create_node("call_module", name, (after,))
         node.meta["val"] = after.meta.get("val")
         port_meta(after, node, ("stack_trace", "nn_module_stack"))
         existing[(after, id(observer))] = node

@@ -80,6 +80,7 @@ _SPEC_FIELDS: dict[str, tuple[str, ...]] = {
     "DerivedQuantizationSpec": ("derived_from", "derive_qparams_fn", "dtype"),
 }
 _FLOAT = object()  # marks a spec translated to "left float" (None)
+_OUTPUT = object()  # _Translator.spec: the spec is a node's output spec
 
 
 #: the hooks prepare calls: an object with all of them works wherever a quantweave.Quantizer does
@@ -121,13 +122,19 @@ class _Translator:
         self.label = label
         self.memo: dict[int, Any] = {}
         self.keep: list[Any] = []  # keeps translated objects alive, so ids in memo stay unique
+        self.floats = False  # whether a spec was translated to _FLOAT
 
-    def spec(self, spec: Any, node: Node, where: str) -> Any:
-        """quantweave's spec for ``spec`` (or _FLOAT: a float spec, left float)."""
+    def spec(self, spec: Any, node: Node, producer: Any = _OUTPUT) -> Any:
+        """quantweave's spec for ``spec`` (or _FLOAT: a float spec, left float), on the edge
+        ``producer -> node`` or (no ``producer``) the output of ``node``."""
         if spec is None or isinstance(spec, QuantizationSpecBase):
             return spec
         if id(spec) in self.memo:
             return self.memo[id(spec)]
+        if producer is _OUTPUT:
+            where = f"output of {node.name!r}"
+        else:
+            where = f"edge {getattr(producer, 'name', producer)!r} -> {node.name!r}"
         kind = _pt2e_kind(spec, _SPEC_FIELDS)
         if kind is None or not all(hasattr(spec, f) for f in _SPEC_FIELDS[kind]):
             raise AnnotationError(
@@ -144,6 +151,7 @@ class _Translator:
             ) from exc
         self.memo[id(spec)] = translated
         self.keep.append(spec)
+        self.floats = self.floats or translated is _FLOAT
         return translated
 
     @staticmethod
@@ -245,11 +253,15 @@ def translate_annotations(graph: Graph, label: Callable[[Node], str]) -> int:
     translator = _Translator(graph, label)
     replaced = 0
     hosted: set[Node] = set()
+    annotated: list[tuple[Node, QuantizationAnnotation]] = []  # every annotation, as it is after translation
     for node in graph.nodes:
         annotation = node.meta.get(ANNOTATION_KEY)
         if annotation is None:
             continue
         native = isinstance(annotation, QuantizationAnnotation)
+        if native and _native_specs(annotation):
+            annotated.append((node, annotation))  # nothing to translate
+            continue
         if not native and not is_annotation_like(annotation):
             raise AnnotationError(
                 f"node {node.name!r}: meta[{ANNOTATION_KEY!r}] must be a QuantizationAnnotation; got "
@@ -261,13 +273,13 @@ def translate_annotations(graph: Graph, label: Callable[[Node], str]) -> int:
         changed = not native
         raw_map = getattr(annotation, "input_qspec_map", None) or {}
         for producer, spec in dict(raw_map).items():
-            where = f"edge {getattr(producer, 'name', producer)!r} -> {node.name!r}"
-            new = translator.spec(spec, node, where)
+            new = translator.spec(spec, node, producer)
             changed = changed or new is not spec
             input_map[producer] = new
-        output = translator.spec(annotation.output_qspec, node, f"output of {node.name!r}")
+        output = translator.spec(annotation.output_qspec, node)
         changed = changed or output is not annotation.output_qspec
         if not changed:
+            annotated.append((node, annotation))
             continue
         fields = {
             "input_qspec_map": input_map,
@@ -276,26 +288,34 @@ def translate_annotations(graph: Graph, label: Callable[[Node], str]) -> int:
             "_annotated": bool(getattr(annotation, "_annotated", False)),
         }
         if native:
-            node.meta[ANNOTATION_KEY] = dataclasses.replace(annotation, **fields)
+            node.meta[ANNOTATION_KEY] = translated = dataclasses.replace(annotation, **fields)
         else:
-            node.meta[ANNOTATION_KEY] = QuantizationAnnotation(**fields)
+            node.meta[ANNOTATION_KEY] = translated = QuantizationAnnotation(**fields)
             hosted.add(node)
             replaced += 1
-    _resolve_float(graph)
-    _drop_non_inputs(graph, label, hosted)
+        annotated.append((node, translated))
+    if translator.floats:  # only a translated spec is ever left float
+        annotated = _resolve_float(graph, annotated)
+    _drop_non_inputs(graph, label, hosted, annotated)
     return replaced
 
 
-def _annotations(graph: Graph) -> list[tuple[Node, QuantizationAnnotation]]:
-    return [(n, a) for n in graph.nodes if isinstance(a := n.meta.get(ANNOTATION_KEY), QuantizationAnnotation)]
+def _native_specs(annotation: QuantizationAnnotation) -> bool:
+    """True when every spec of ``annotation`` is None or quantweave's (the translation keeps them)."""
+    output = annotation.output_qspec
+    if output is not None and not isinstance(output, QuantizationSpecBase):
+        return False
+    return all(spec is None or isinstance(spec, QuantizationSpecBase) for spec in annotation.input_qspec_map.values())
 
 
-def _resolve_float(graph: Graph) -> None:
+def _resolve_float(
+    graph: Graph, annotated: list[tuple[Node, QuantizationAnnotation]]
+) -> list[tuple[Node, QuantizationAnnotation]]:
     """Specs translated to "left float" become None, and so do shared specs whose chain of
-    sharing ends at one (under torchao they share the float observer convert removes)."""
-    annotated = _annotations(graph)
+    sharing ends at one (under torchao they share the float observer convert removes).
+    ``annotated``: every annotation of ``graph``; returns them as they are afterwards."""
     if not any(s is _FLOAT for _, a in annotated for s in (a.output_qspec, *a.input_qspec_map.values())):
-        return
+        return annotated
     specs: dict[EdgeOrNode, Any] = {}
     for node, annotation in annotated:
         for producer, spec in annotation.input_qspec_map.items():
@@ -307,10 +327,13 @@ def _resolve_float(graph: Graph) -> None:
             spec, depth = specs.get(spec.edge_or_node), depth + 1
         return spec is _FLOAT
 
+    resolved = []
     for node, annotation in annotated:
         input_map = {p: (None if is_float(s) else s) for p, s in annotation.input_qspec_map.items()}
         output = None if is_float(annotation.output_qspec) else annotation.output_qspec
-        node.meta[ANNOTATION_KEY] = dataclasses.replace(annotation, input_qspec_map=input_map, output_qspec=output)
+        new = dataclasses.replace(annotation, input_qspec_map=input_map, output_qspec=output)
+        node.meta[ANNOTATION_KEY] = new
+        resolved.append((node, new))
     for node, annotation in annotated:
         keyed: list[tuple[EdgeOrNode, Any]] = [((p, node), s) for p, s in annotation.input_qspec_map.items()]
         for key, spec in [*keyed, (node, annotation.output_qspec)]:
@@ -319,6 +342,7 @@ def _resolve_float(graph: Graph) -> None:
                     f"{_describe(key)}: its DerivedQuantizationSpec derives qparams from a float32 spec "
                     "(a tensor left float has no qparams)"
                 )
+    return resolved
 
 
 def _describe(key: EdgeOrNode) -> str:
@@ -327,17 +351,23 @@ def _describe(key: EdgeOrNode) -> str:
     return f"output of {key.name!r}"
 
 
-def _drop_non_inputs(graph: Graph, label: Callable[[Node], str], hosted: set[Node]) -> None:
+def _drop_non_inputs(
+    graph: Graph,
+    label: Callable[[Node], str],
+    hosted: set[Node],
+    annotated: list[tuple[Node, QuantizationAnnotation]],
+) -> None:
     """Input-map entries naming a node of ``graph`` that is not an input (see the module
-    docstring). Entries naming nodes of another graph are left for collect_specs to report."""
-    annotated = _annotations(graph)
+    docstring). Entries naming nodes of another graph are left for collect_specs to report.
+    ``annotated``: every annotation of ``graph``."""
     stray: list[tuple[Node, Node]] = []
     for node, annotation in annotated:
-        inputs = node.all_input_nodes
         for producer, spec in annotation.input_qspec_map.items():
-            if not isinstance(producer, Node) or producer.graph is not graph or producer in inputs:
+            # an input of node: node is one of its users (fx keeps both sides of every edge)
+            if not isinstance(producer, Node) or producer.graph is not graph or node in producer.users:
                 continue
             if spec is not None and node not in hosted:
+                inputs = node.all_input_nodes
                 raise AnnotationError(
                     f"node {node.name!r}: input_qspec_map names {producer.name!r}, which is not one of its inputs "
                     f"{[n.name for n in inputs]}: quantizer {label(node)!r} put a spec on an edge that does not exist "

@@ -15,7 +15,7 @@ import torch
 
 from ..annotation import EdgeOrNode, QuantizationSpec, QuantizationSpecBase
 from ..errors import AnnotationError
-from .sharing import describe, group_specs
+from .sharing import Groups, describe, group_specs
 
 __all__ = ["PER_TOKEN_ATTR", "mark_per_token_observers"]
 
@@ -28,8 +28,10 @@ def mark_per_token_observers(
     observers: dict[EdgeOrNode, torch.nn.Module],
     is_qat: bool,
     label: Callable[[EdgeOrNode], str],
+    groups: Groups | None = None,
 ) -> None:
-    """Mark the observers of per-token specs (see the module docstring).
+    """Mark the observers of per-token specs (see the module docstring); ``groups``:
+    ``group_specs(specs)`` when the caller has it.
 
     Raises AnnotationError naming the edge and quantizer when a per-token spec reaches
     ``prepare_qat_pt2e`` (the fake-quantizers of QAT simulate per-tensor qparams), or when a
@@ -44,7 +46,7 @@ def mark_per_token_observers(
             "(QuantizationSpec(per_token=True)), which is post-training only: use prepare_pt2e, or a "
             "per-tensor dynamic spec for QAT"
         )
-    roots, concrete = group_specs(specs)
+    roots, concrete = group_specs(specs) if groups is None else groups
     for key, spec in specs.items():
         if not isinstance(spec, QuantizationSpec):
             continue

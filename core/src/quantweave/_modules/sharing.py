@@ -17,6 +17,8 @@ Steps (all independent of graph order):
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -165,9 +167,11 @@ def _same_attrs(a: QuantizationSpecBase, b: QuantizationSpecBase) -> bool:
     return all(getattr(a, name, _MISSING) == getattr(b, name, _MISSING) for name in _SHARING_ATTRS)
 
 
-def group_specs(
-    specs: dict[EdgeOrNode, QuantizationSpecBase],
-) -> tuple[dict[EdgeOrNode, EdgeOrNode], dict[EdgeOrNode, QuantizationSpecBase]]:
+#: what :func:`group_specs` returns: each key's group root, and each root's concrete spec
+Groups = tuple[dict[EdgeOrNode, EdgeOrNode], dict[EdgeOrNode, QuantizationSpecBase]]
+
+
+def group_specs(specs: dict[EdgeOrNode, QuantizationSpecBase]) -> Groups:
     """Map each key to its group root, and each root to the group's concrete spec."""
     groups = _Groups(specs)
     for key, spec in specs.items():
@@ -207,11 +211,15 @@ def group_specs(
     return roots, concrete
 
 
-def build_observers(specs: dict[EdgeOrNode, QuantizationSpecBase], is_qat: bool) -> dict[EdgeOrNode, torch.nn.Module]:
-    """One observer (or fake-quantize) per sharing group, mapped from every member."""
-    roots, concrete = group_specs(specs)
+def build_observers(
+    specs: dict[EdgeOrNode, QuantizationSpecBase], is_qat: bool, groups: Groups | None = None
+) -> dict[EdgeOrNode, torch.nn.Module]:
+    """One observer (or fake-quantize) per sharing group, mapped from every member
+    (``groups``: ``group_specs(specs)`` when the caller has it)."""
+    roots, concrete = group_specs(specs) if groups is None else groups
     by_root: dict[EdgeOrNode, torch.nn.Module] = {}
     building: list[EdgeOrNode] = []
+    constructors: dict[int, Callable[[], torch.nn.Module]] = {}  # id(spec) -> its observers' constructor
 
     def observer_for(root: EdgeOrNode) -> torch.nn.Module:
         if root in by_root:
@@ -230,7 +238,10 @@ def build_observers(specs: dict[EdgeOrNode, QuantizationSpecBase], is_qat: bool)
                 sources = [observer_for(roots[k]) for k in spec.derived_from]
                 observer = _derived_observer(spec, sources)
             else:
-                observer = _make_observer(spec, is_qat)
+                ctr = constructors.get(id(spec))  # one spec object often serves many groups
+                if ctr is None:
+                    ctr = constructors[id(spec)] = _observer_constructor(spec, is_qat)
+                observer = ctr()
         except SharingError:
             raise
         except Exception as exc:
@@ -255,7 +266,8 @@ def _derived_observer(spec: DerivedQuantizationSpec, sources: list[torch.nn.Modu
     )
 
 
-def _make_observer(spec: QuantizationSpecBase, is_qat: bool) -> torch.nn.Module:
+def _observer_constructor(spec: QuantizationSpecBase, is_qat: bool) -> Callable[[], torch.nn.Module]:
+    """A zero-argument constructor of ``spec``'s observer (or fake-quantize), a new one per call."""
     if isinstance(spec, FixedQParamsQuantizationSpec):
         lo, hi = dtype_range(spec.dtype)
         fixed_kwargs = {
@@ -268,8 +280,8 @@ def _make_observer(spec: QuantizationSpecBase, is_qat: bool) -> torch.nn.Module:
         }
         ctr = with_observer_kwargs(FixedQParamsObserver, fixed_kwargs)
         if is_qat:
-            return FixedQParamsFakeQuantize(observer=ctr)
-        return ctr()
+            return functools.partial(FixedQParamsFakeQuantize, observer=ctr)
+        return ctr
     assert isinstance(spec, QuantizationSpec)
     kwargs: dict[str, Any] = {
         "dtype": spec.dtype,
@@ -287,4 +299,4 @@ def _make_observer(spec: QuantizationSpecBase, is_qat: bool) -> torch.nn.Module:
     if getattr(spec, "group_size", None) is not None:  # group-wise: the observer must take group_size
         kwargs["group_size"] = spec.group_size
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
-    return with_observer_kwargs(spec.observer_or_fake_quant_ctr, kwargs)()
+    return with_observer_kwargs(spec.observer_or_fake_quant_ctr, kwargs)

@@ -41,7 +41,7 @@ from ..errors import AnnotationError, MisuseWarning
 from ..observers import is_fake_quant_module
 from .graph import get_attr_value
 from .qtypes import INTEGER_DTYPE_RANGES, QSCHEMES, integer_dtype, is_per_channel
-from .sharing import build_observers, describe, group_specs
+from .sharing import Groups, build_observers, describe, group_specs
 
 __all__ = ["build_checked_observers", "check_specs", "check_observers", "check_observer_kind"]
 
@@ -60,14 +60,21 @@ _CHECKED = (QuantizationSpec, DerivedQuantizationSpec, FixedQParamsQuantizationS
 
 
 def build_checked_observers(
-    gm: GraphModule, specs: dict[EdgeOrNode, QuantizationSpecBase], is_qat: bool, label: Label
+    gm: GraphModule,
+    specs: dict[EdgeOrNode, QuantizationSpecBase],
+    is_qat: bool,
+    label: Label,
+    groups: Groups | None = None,
 ) -> dict[EdgeOrNode, torch.nn.Module]:
     """:func:`~quantweave._modules.sharing.build_observers`, with the specs checked against
-    their tensors before and the observers after (see the module docstring)."""
-    check_specs(gm, specs, label)
-    observers = build_observers(specs, is_qat=is_qat)
+    their tensors before and the observers after (see the module docstring). ``groups``:
+    ``group_specs(specs)`` when the caller has it (computed here otherwise)."""
+    if groups is None:
+        groups = group_specs(specs)
+    check_specs(gm, specs, label, groups)
+    observers = build_observers(specs, is_qat=is_qat, groups=groups)
     check_observers(gm, observers, label)
-    check_observer_kind(specs, observers, is_qat, label)
+    check_observer_kind(specs, observers, is_qat, label, groups)
     return observers
 
 
@@ -91,8 +98,8 @@ class _Where:
     """Builds the error for one (edge or node, spec): names the edge or node, the quantizer,
     the field, the value and what is allowed."""
 
-    def __init__(self, key: EdgeOrNode, by: str, subject: str, shared_from: EdgeOrNode | None) -> None:
-        self.key, self.by, self.subject, self.shared_from = key, by, subject, shared_from
+    def __init__(self, key: EdgeOrNode, label: Label, subject: str, shared_from: EdgeOrNode | None) -> None:
+        self.key, self.label, self.subject, self.shared_from = key, label, subject, shared_from
 
     def fail(self, field: str, value: Any, allowed: str) -> AnnotationError:
         via = ""
@@ -101,25 +108,29 @@ class _Where:
         what = f"set {self.subject}.{field}={value!r}{via}"
         if not self.subject.endswith("Spec"):  # an observer as built
             what = f"built a {self.subject} with {field}={value!r} (from its spec's observer_or_fake_quant_ctr)"
-        return AnnotationError(f"{describe(self.key)}: quantizer {self.by!r} {what}; expected {allowed}")
+        by = self.label(self.key)  # named only when it fails
+        return AnnotationError(f"{describe(self.key)}: quantizer {by!r} {what}; expected {allowed}")
 
 
-def check_specs(gm: GraphModule, specs: dict[EdgeOrNode, QuantizationSpecBase], label: Label) -> None:
+def check_specs(
+    gm: GraphModule, specs: dict[EdgeOrNode, QuantizationSpecBase], label: Label, groups: Groups | None = None
+) -> None:
     """Check every concrete spec against its own tensor, and the spec a shared edge takes its
-    observer from against the shared edge's tensor (raises AnnotationError)."""
+    observer from against the shared edge's tensor (raises AnnotationError). ``groups``:
+    ``group_specs(specs)`` when the caller has it."""
     if not specs:
         return
-    roots, concrete = group_specs(specs)
+    roots, concrete = group_specs(specs) if groups is None else groups
     first: dict[int, EdgeOrNode] = {}
     for key, spec in specs.items():
         first.setdefault(id(spec), key)
     for key, spec in specs.items():
         tensor = tensor_of(gm, key)
         if isinstance(spec, _CHECKED):
-            _check_spec(spec, tensor, _Where(key, label(key), type(spec).__name__, None))
+            _check_spec(spec, tensor, _Where(key, label, type(spec).__name__, None))
         group_spec = concrete[roots[key]]
         if group_spec is not spec and isinstance(group_spec, _CHECKED):
-            where = _Where(key, label(key), type(group_spec).__name__, first[id(group_spec)])
+            where = _Where(key, label, type(group_spec).__name__, first[id(group_spec)])
             _check_spec(group_spec, tensor, where)
 
 
@@ -203,7 +214,7 @@ def check_observers(gm: GraphModule, observers: dict[EdgeOrNode, torch.nn.Module
     spec) fit the tensors they will see: per-channel axis, group size, integer range."""
     for key, observer in observers.items():
         inner = _inner(observer)
-        where = _Where(key, label(key), type(inner).__name__, None)
+        where = _Where(key, label, type(inner).__name__, None)
         tensor = tensor_of(gm, key)
         if is_per_channel(getattr(inner, "qscheme", None)) and isinstance(getattr(inner, "ch_axis", None), int):
             _check_axis(inner.ch_axis, tensor, where, "ch_axis")
@@ -223,13 +234,15 @@ def check_observer_kind(
     observers: dict[EdgeOrNode, torch.nn.Module],
     is_qat: bool,
     label: Label,
+    groups: Groups | None = None,
 ) -> None:
     """QAT needs fake-quantizers on the static, observed specs; post-training preparation
     expects observers. An error when ``prepare_qat_pt2e`` would train with no fake-quantizer
-    at all; a MisuseWarning when some are missing, or when ``prepare_pt2e`` gets them."""
+    at all; a MisuseWarning when some are missing, or when ``prepare_pt2e`` gets them.
+    ``groups``: ``group_specs(specs)`` when the caller has it."""
     if not specs or (is_qat and any(getattr(spec, "per_token", False) for spec in specs.values())):
         return  # nothing observed; or per-token specs, which prepare_qat_pt2e refuses with its own error
-    roots, concrete = group_specs(specs)
+    roots, concrete = group_specs(specs) if groups is None else groups
     static = [key for key in specs if _observes_statically(concrete[roots[key]])]
     fake = [key for key in static if is_fake_quant_module(observers.get(key))]
     plain = [key for key in static if key in observers and not is_fake_quant_module(observers[key])]

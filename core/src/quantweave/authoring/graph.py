@@ -42,8 +42,12 @@ def calls(node: Any, ops: Collection[Any] | Any) -> bool:
     """True when ``node`` is a ``call_function`` node of one of ``ops`` (overloads or packets)."""
     if not isinstance(node, Node) or node.op != "call_function":
         return False
-    choices = ops if isinstance(ops, (tuple, list, set, frozenset)) else (ops,)
     target = node.target
+    if type(ops) is frozenset and type(target) is _OpOverload:
+        split = _split_ops(ops)
+        if split is not None:  # ops and target compare by identity: two set lookups do what the loop does
+            return target in split[0] or target.overloadpacket in split[1]
+    choices = ops if isinstance(ops, (tuple, list, set, frozenset)) else (ops,)
     packet = getattr(target, "overloadpacket", None)  # op_matches' test, the target's side read once
     for op in choices:
         if isinstance(op, torch._ops.OpOverloadPacket):
@@ -52,6 +56,27 @@ def calls(node: Any, ops: Collection[Any] | Any) -> bool:
         elif op is target or bool(target == op):
             return True
     return False
+
+
+_OpOverload = torch._ops.OpOverload
+#: frozenset of ops -> (its overloads, its packets); None when it holds anything else
+_SPLITS: dict[frozenset[Any], tuple[frozenset[Any], frozenset[Any]] | None] = {}
+
+
+def _split_ops(ops: frozenset[Any]) -> tuple[frozenset[Any], frozenset[Any]] | None:
+    try:
+        return _SPLITS[ops]
+    except KeyError:
+        pass
+    split: tuple[frozenset[Any], frozenset[Any]] | None = None
+    if all(type(op) in (_OpOverload, torch._ops.OpOverloadPacket) for op in ops):
+        split = (
+            frozenset(op for op in ops if type(op) is _OpOverload),
+            frozenset(op for op in ops if type(op) is torch._ops.OpOverloadPacket),
+        )
+    if len(_SPLITS) < 1024:  # op sets are few (module constants); a caller making new ones each call only reuses
+        _SPLITS[ops] = split
+    return split
 
 
 def node_op(node: Node) -> str:

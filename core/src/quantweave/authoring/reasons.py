@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
 from torch.fx import GraphModule, Node
 
@@ -45,10 +46,17 @@ def explain_float(model: GraphModule, ops: Collection[str], why: Callable[[Node]
     records nothing. Returns how many reasons were recorded."""
     wanted = frozenset(ops)
     count = 0
+    explained: dict[Any, bool] = {}  # target -> whether its op is one of ops (node_op reads only the target)
     for node in model.graph.nodes:
         if node.op != "call_function" or is_annotated(node) or has_skip_reason(node):
             continue
-        if node_op(node) not in wanted:
+        try:
+            hit = explained[node.target]
+        except KeyError:
+            hit = explained[node.target] = node_op(node) in wanted
+        except TypeError:  # an unhashable target
+            hit = node_op(node) in wanted
+        if not hit:
             continue
         reason = why(node)
         if reason is not None:

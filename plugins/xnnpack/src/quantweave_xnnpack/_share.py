@@ -55,6 +55,7 @@ def no_quantized_input(node: Node) -> str | None:
     return None
 
 
+_CONVS = CONV | CONV_T
 #: the ops :func:`explain_float` looks at (as the authoring kit names them: in-place ops as functional)
 _EXPLAINED = frozenset(str(op) for op in FILTERED | CONV | CONV_T)
 
@@ -68,7 +69,7 @@ def explain_float(model: GraphModule, filter_fn: NodeFilter | None, dynamic_only
             return REJECTED
         if calls(node, SHARE_QPARAMS):
             return no_quantized_input(node)
-        if dynamic_only and calls(node, CONV | CONV_T):
+        if dynamic_only and calls(node, _CONVS):
             user = only_user(node)
             if user is not None and calls(user, RELU):
                 return DYNAMIC_CONV_RELU

@@ -38,10 +38,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.fx import GraphModule
+from torch.fx import GraphModule, Node
 
 import quantweave as qw
-from quantweave.authoring import ConfigStage, ConfigStages, NodeFilter, op_matches
+from quantweave.authoring import ConfigStage, ConfigStages, NodeFilter, calls, op_matches
 from quantweave.plugin_api import Capability, is_annotated, mark_annotated, set_skip_reason, warn_unknown_modules
 
 from ._capabilities import declared_capabilities
@@ -168,10 +168,15 @@ class XNNPACKQuantizer(qw.Quantizer):
     def annotate(self, model: GraphModule) -> GraphModule:
         warn_unknown_modules(model, "set_module_name", self.module_name_config, quantizer=self.name)
         warn_unknown_modules(model, "set_module_type", self.module_type_config, quantizer=self.name)
+        # one node per op the graph calls: a matcher none of whose anchor ops is called finds nothing
+        # (every match is anchored on a node calling one of them; matching writes only node meta)
+        called = _one_node_per_op(model)
         # module name > module type > operator type > global; without a global config nothing else is claimed
         for stage in self.configs.stages(exclusive=True, include_global=False):
             for matcher in steps_for(stage.config):
                 if not stage.anchors(matcher.anchors):
+                    continue
+                if not any(calls(node, matcher.anchors) for node in called):
                     continue
                 for match in matcher(model):
                     self._apply(stage, matcher, match)
@@ -209,3 +214,16 @@ class XNNPACKQuantizer(qw.Quantizer):
 
     def validate(self, model: GraphModule) -> None:
         return None
+
+
+def _one_node_per_op(model: GraphModule) -> list[Node]:
+    """The first call_function node of each target in ``model`` (all of them when a target
+    cannot be hashed): ``calls`` reads only a node's op and target."""
+    first: dict[Any, Node] = {}
+    for node in model.graph.nodes:
+        if node.op == "call_function":
+            try:
+                first.setdefault(node.target, node)
+            except TypeError:
+                return [n for n in model.graph.nodes if n.op == "call_function"]
+    return list(first.values())
