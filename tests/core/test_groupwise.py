@@ -273,6 +273,7 @@ def test_a_group_spec_needs_an_observer_that_takes_group_size():
     with pytest.raises(qw.AnnotationError) as info:
         _quantize(TableAndHead(), WeightQuantizer(group_spec(32, ctr=PerChannelMinMaxObserver)))
     assert_names(info, "'emb_weight' -> 'embedding'", "could not build", "PerChannelMinMaxObserver", "'group_size'")
+    assert_names(info, "group_size=32", "quantweave.observers.PerGroupMinMaxObserver")  # and the fix
 
 
 # -- declarations -------------------------------------------------------------------------------

@@ -245,12 +245,26 @@ def build_observers(
         except SharingError:
             raise
         except Exception as exc:
-            raise AnnotationError(f"{describe(root)}: could not build an observer for {spec!r}: {exc}") from exc
+            raise AnnotationError(
+                f"{describe(root)}: could not build an observer for {spec!r}: {exc}{_fix_for(spec, exc)}"
+            ) from exc
         building.pop()
         by_root[root] = observer
         return observer
 
     return {key: observer_for(roots[key]) for key in specs}
+
+
+def _fix_for(spec: QuantizationSpecBase, exc: Exception) -> str:
+    """The fix for a constructor that does not take a spec's ``group_size`` (a per-channel
+    observer given a group-wise spec), else nothing."""
+    group_size = getattr(spec, "group_size", None)
+    if group_size is not None and isinstance(exc, TypeError) and "group_size" in str(exc):
+        return (
+            f"; a group-wise spec (group_size={group_size}) needs an observer that takes group_size, e.g. "
+            "quantweave.observers.PerGroupMinMaxObserver"
+        )
+    return ""
 
 
 def _derived_observer(spec: DerivedQuantizationSpec, sources: list[torch.nn.Module]) -> torch.nn.Module:
