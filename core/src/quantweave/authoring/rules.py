@@ -31,8 +31,8 @@ class Rule:
       (``"enable_matmul"``), or None;
     - declaration: ``weighted`` (a weight, and a float bias), ``output`` (``"float"``,
       ``"quantized"``: the activation's own qparams, ``"shared"``: its first input's, or a
-      :class:`~quantweave.Quant`), ``fused``, ``input_from``, ``notes`` (as in
-      :class:`~quantweave.Capability`; ``notes`` may map modes to notes: a mode not in it has
+      :class:`~quantweave.plugin_api.Quant`), ``fused``, ``input_from``, ``notes`` (as in
+      :class:`~quantweave.plugin_api.Capability`; ``notes`` may map modes to notes: a mode not in it has
       none); a ``"quantized"`` output is declared ``FLOAT`` in ``Mode.DYNAMIC`` (a dynamic
       output is never quantized on its own); ``bias`` (``"auto"``: ``FLOAT`` for a weighted row,
       else unstated; or a ``Quant``, or None); ``ops`` only for a pattern a plugin contributes."""
@@ -67,8 +67,8 @@ class Rule:
     def capability(
         self, mode: Mode | str, quantizer: str, activation: TensorQuant | None, weight: Any = None
     ) -> Capability:
-        """The row as a :class:`~quantweave.Capability` in ``mode``. ``weight`` is a
-        :class:`~quantweave.TensorQuant`, or a callable ``weight(rule) -> TensorQuant | None``
+        """The row as a :class:`~quantweave.plugin_api.Capability` in ``mode``. ``weight`` is a
+        :class:`~quantweave.plugin_api.TensorQuant`, or a callable ``weight(rule) -> TensorQuant | None``
         for a table whose rows quantize their weights differently."""
         mode = Mode(mode)
         if callable(weight) and not isinstance(weight, TensorQuant):
@@ -166,8 +166,8 @@ class RuleTable:
         weight: Any = None,
         options: Collection[str] = (),
     ) -> tuple[Capability, ...]:
-        """The declaration: one :class:`~quantweave.Capability` per row that applies
-        (``weight``: a :class:`~quantweave.TensorQuant` or ``weight(rule)``, as in
+        """The declaration: one :class:`~quantweave.plugin_api.Capability` per row that applies
+        (``weight``: a :class:`~quantweave.plugin_api.TensorQuant` or ``weight(rule)``, as in
         :meth:`Rule.capability`)."""
         return tuple(
             r.capability(mode, self.quantizer, activation, weight) for r in self.rules if r.applies(mode, options)
