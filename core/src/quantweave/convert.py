@@ -295,7 +295,7 @@ class _Run:
         copy is made for a tensor sharing storage with one the module holds (an observer's own
         buffer or attribute, a weight, qparams registered before: an observer shared by several
         nodes), so ``load_state_dict`` on the converted model writes into nothing else; and for
-        a small (:data:`_COPIED_ANYWAY`) or empty tensor or a value that is not a tensor."""
+        a small (:data:`_COPIED_ANYWAY`: empty included) tensor or a value that is not a tensor."""
         tensor = torch.as_tensor(value).detach()
         if tensor.numel() < _COPIED_ANYWAY:
             return tensor.clone()
@@ -305,7 +305,6 @@ class _Run:
         address = tensor.untyped_storage().data_ptr()
         if (
             isinstance(value, torch.Tensor)
-            and tensor.numel()
             and address not in held
             and address not in self._observers_held[id(observer)]
         ):
@@ -326,7 +325,7 @@ class _Run:
 def _storages(module: torch.nn.Module) -> set[int]:
     """Storage addresses of the tensors ``module`` and its submodules hold as parameters,
     buffers or plain attributes (one walk of the submodules)."""
-    held = set()
+    held: set[int] = set()
     for submodule in module.modules():
         for values in (submodule._parameters.values(), submodule._buffers.values(), vars(submodule).values()):
             held.update(v.untyped_storage().data_ptr() for v in values if isinstance(v, torch.Tensor))

@@ -180,7 +180,7 @@ def deferred_graph_module(root: GraphModule, graph: Graph, signature_from: torch
         module = construct(cls, root, graph)  # attributes copied in fewer steps
     finally:
         _DEFERRING.active = False
-    instance_cls = type(module)  # GraphModule makes a class per instance
+    instance_cls: Any = type(module)  # GraphModule makes a class per instance
 
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         self.real_recompile()  # installs the generated forward on the instance's class
