@@ -296,7 +296,8 @@ def exported_conv_relu() -> torch.fx.GraphModule:
     return torch.export.export(ConvRelu().eval(), (CONV_RELU_INPUT,)).module()
 
 
-# -- the annotation report (tests/core/test_report.py, tests/integration/test_report_plugins.py)
+# -- the annotation report (tests/core/test_report.py, tests/integration/test_report_plugins.py); its
+# activation and weight specs also serve tests/core/test_vocabulary_exports.py and test_conformance_kit.py
 
 WEIGHTED_ACT = qw.QuantizationSpec(dtype=torch.uint8, observer_or_fake_quant_ctr=MinMaxObserver)
 WEIGHTED_WEIGHT = qw.QuantizationSpec(

@@ -6,12 +6,12 @@ import torch
 import quantweave as qw
 from quantweave.authoring import annotate_input_qspec_map, annotate_output_qspec
 from quantweave.capabilities import Capability, TensorQuant
-from quantweave.observers import MinMaxObserver, PerChannelMinMaxObserver
+from quantweave.observers import MinMaxObserver
 from quantweave.plugin_api import PatternSpec, hookimpl, mark_annotated
 from quantweave.registry import QuantizerInfo
 from quantweave.testing.conformance import PROBES, assert_conforms, check_capability, check_conformance, check_plugin
 from quantweave.vocabulary import PATTERNS, core_vocabulary, export_probe
-from tests.helpers import assert_names
+from tests.helpers import WEIGHTED_WEIGHT, assert_names
 
 aten = torch.ops.aten
 ACT = TensorQuant("uint8", 0, 255)
@@ -20,14 +20,6 @@ W = TensorQuant("int8", -128, 127, "per_channel", symmetric=True)
 
 def act_spec(dtype=torch.uint8):
     return qw.QuantizationSpec(dtype=dtype, observer_or_fake_quant_ctr=MinMaxObserver, qscheme=torch.per_tensor_affine)
-
-
-WEIGHT = qw.QuantizationSpec(
-    dtype=torch.int8,
-    qscheme=torch.per_channel_symmetric,
-    ch_axis=0,
-    observer_or_fake_quant_ctr=PerChannelMinMaxObserver,
-)
 
 
 class LinearQuantizer(qw.Quantizer):
@@ -41,7 +33,7 @@ class LinearQuantizer(qw.Quantizer):
         for node in model.graph.nodes:
             if node.target == aten.linear.default and not self.skip_linear:
                 annotate_input_qspec_map(node, node.args[0], self.act)
-                annotate_input_qspec_map(node, node.args[1], WEIGHT)
+                annotate_input_qspec_map(node, node.args[1], WEIGHTED_WEIGHT)
                 annotate_output_qspec(node, self.act)
                 mark_annotated(node)
             elif node.target == aten.add.Tensor and self.also_add:
@@ -129,7 +121,7 @@ def test_check_plugin_loads_the_plugin_and_checks_contributed_patterns():
             for node in model.graph.nodes:
                 if node.target == aten.conv3d.default:
                     annotate_input_qspec_map(node, node.args[0], act_spec())
-                    annotate_input_qspec_map(node, node.args[1], WEIGHT)
+                    annotate_input_qspec_map(node, node.args[1], WEIGHTED_WEIGHT)
                     annotate_output_qspec(node, act_spec())
                     mark_annotated(node)
             return model

@@ -8,23 +8,16 @@ import torch
 import quantweave as qw
 from quantweave.authoring import annotate_input_qspec_map, annotate_output_qspec
 from quantweave.capabilities import Capability, TensorQuant
-from quantweave.observers import MinMaxObserver, PerChannelMinMaxObserver
 from quantweave.plugin_api import mark_annotated
 from quantweave.registry import QuantizerInfo
 from quantweave.testing.conformance import check_capability
 from quantweave.vocabulary import core_vocabulary, forget_exported_probes
+from tests.helpers import WEIGHTED_ACT, WEIGHTED_WEIGHT
 
 aten = torch.ops.aten
 ACT = TensorQuant("uint8", 0, 255)
 W = TensorQuant("int8", -128, 127, "per_channel", symmetric=True)
 CAP = Capability("linear", "static", ACT, W)
-ACT_SPEC = qw.QuantizationSpec(dtype=torch.uint8, observer_or_fake_quant_ctr=MinMaxObserver)
-W_SPEC = qw.QuantizationSpec(
-    dtype=torch.int8,
-    qscheme=torch.per_channel_symmetric,
-    ch_axis=0,
-    observer_or_fake_quant_ctr=PerChannelMinMaxObserver,
-)
 
 
 class LinearQuantizer(qw.Quantizer):
@@ -57,9 +50,9 @@ class LinearQuantizer(qw.Quantizer):
     def annotate(self, model):
         for node in model.graph.nodes:
             if node.target == aten.linear.default:
-                annotate_input_qspec_map(node, node.args[0], ACT_SPEC)
-                annotate_input_qspec_map(node, node.args[1], W_SPEC)
-                annotate_output_qspec(node, ACT_SPEC)
+                annotate_input_qspec_map(node, node.args[0], WEIGHTED_ACT)
+                annotate_input_qspec_map(node, node.args[1], WEIGHTED_WEIGHT)
+                annotate_output_qspec(node, WEIGHTED_ACT)
                 mark_annotated(node)
         return model
 
