@@ -108,13 +108,12 @@ def quantize_groups(
     scales = scales.reshape(-1, 1)
     offsets = None if not bool(zero_points.any()) else zero_points.reshape(-1, 1)
     per_row = columns // group_size
-    step = max(1, block_elements // columns)
+    step = min(rows, max(1, block_elements // columns))  # rows per block
     # the op's 1.0 / scales is Tensor.__rtruediv__: scales.reciprocal() * 1.0, the reciprocals'
     # bits (* 1.0 changes no float); taken block by block into one small buffer
-    inverse = torch.empty((min(rows, step) * per_row, 1), dtype=torch.float32, device=value.device)
+    inverse = torch.empty((step * per_row, 1), dtype=torch.float32, device=value.device)
     out = torch.empty(value.shape, dtype=dtype, device=value.device)
-    if step >= rows:  # one block: a temporary of the weight's size (the workspace is for larger weights)
-        step = rows
+    if step == rows:  # one block: a temporary of the weight's size (the workspace is for larger weights)
         full_work = torch.empty(value.numel(), dtype=torch.float32, device=value.device).view(-1, group_size)
     else:
         if workspace is None or workspace.block_elements < block_elements:
