@@ -33,6 +33,7 @@ from ._modules.convert_rules import (
 )
 from ._modules.finite import remembering_proofs
 from ._modules.graph import (
+    add_node,
     check_graph_module,
     copy_graph_module,
     erase_dead,
@@ -360,12 +361,12 @@ def _replace_observer(gm: GraphModule, node: Node, module: torch.nn.Module, fold
         eps = float(torch.finfo(torch.float32).eps) if eps is None else float(eps)
         with graph.inserting_before(node):
             choose_op = getattr(_qd, _CHOOSE_QPARAMS[qscheme]).tensor
-            choose = graph.call_function(choose_op, (source, quant_min, quant_max, eps, dtype))
-            scale = graph.call_function(operator.getitem, (choose, 0))
-            zero_point = graph.call_function(operator.getitem, (choose, 1))
+            choose = add_node(graph, "call_function", choose_op, (source, quant_min, quant_max, eps, dtype))
+            scale = add_node(graph, "call_function", operator.getitem, (choose, 0))
+            zero_point = add_node(graph, "call_function", operator.getitem, (choose, 1))
             dyn_args = (scale, zero_point, quant_min, quant_max, dtype)
-            quant = graph.call_function(_qd.quantize_per_tensor.tensor, (source, *dyn_args))
-            dequant = graph.call_function(_qd.dequantize_per_tensor.tensor, (quant, *dyn_args), dq_kwargs)
+            quant = add_node(graph, "call_function", _qd.quantize_per_tensor.tensor, (source, *dyn_args))
+            dequant = add_node(graph, "call_function", _qd.dequantize_per_tensor.tensor, (quant, *dyn_args), dq_kwargs)
         for new in (choose, scale, zero_point, quant, dequant):
             port_meta(source, new)
         dequant.meta["val"] = val
@@ -404,8 +405,8 @@ def _replace_observer(gm: GraphModule, node: Node, module: torch.nn.Module, fold
             gm.register_buffer(q_name, qvalue)
             quant = graph.create_node("get_attr", q_name)  # registered just above: get_attr's look-up skipped
         else:
-            quant = graph.call_function(q_op, (source, *q_args))
-        dequant = graph.call_function(dq_op, (quant, *q_args, *dq_extra), dq_kwargs)
+            quant = add_node(graph, "call_function", q_op, (source, *q_args))
+        dequant = add_node(graph, "call_function", dq_op, (quant, *q_args, *dq_extra), dq_kwargs)
     for new in (quant, dequant):
         port_meta(source, new)
     dequant.meta["val"] = val
@@ -440,12 +441,12 @@ def _insert_per_token(
         )
     out_dtype = val.dtype if isinstance(val, torch.Tensor) else torch.float32
     with graph.inserting_before(node):
-        choose = graph.call_function(_qd.choose_qparams_per_token_asymmetric.default, (source, dtype))
-        scale = graph.call_function(operator.getitem, (choose, 0))
-        zero_point = graph.call_function(operator.getitem, (choose, 1))
+        choose = add_node(graph, "call_function", _qd.choose_qparams_per_token_asymmetric.default, (source, dtype))
+        scale = add_node(graph, "call_function", operator.getitem, (choose, 0))
+        zero_point = add_node(graph, "call_function", operator.getitem, (choose, 1))
         args = (scale, zero_point, *bounds, dtype)
-        quant = graph.call_function(_qd.quantize_per_token.default, (source, *args))
-        dequant = graph.call_function(_qd.dequantize_per_token.default, (quant, *args, out_dtype))
+        quant = add_node(graph, "call_function", _qd.quantize_per_token.default, (source, *args))
+        dequant = add_node(graph, "call_function", _qd.dequantize_per_token.default, (quant, *args, out_dtype))
     for new in (choose, scale, zero_point, quant, dequant):
         port_meta(source, new)
     dequant.meta["val"] = val

@@ -25,6 +25,7 @@ from ._modules.explained_guards import explain_guards
 from ._modules.foreign import PT2E_HOOKS, check_observers, translate_annotations
 from ._modules.functionalize import explain_left_in_place, functionalize_in_place
 from ._modules.graph import (
+    add_node,
     check_graph_module,
     copy_graph_module,
     get_attr_value,
@@ -206,7 +207,7 @@ def _insert_observers(gm: GraphModule, observers: dict[EdgeOrNode, torch.nn.Modu
             names[id(observer)] = name
             gm.add_submodule(name, observer)
         with graph.inserting_after(after):  # call_module's check that the submodule exists: it was just added
-            node = graph.create_node("call_module", name, (after,))
+            node = add_node(graph, "call_module", name, (after,))
         node.meta["val"] = after.meta.get("val")
         port_meta(after, node, ("stack_trace", "nn_module_stack"))
         existing[(after, id(observer))] = node

@@ -6,10 +6,11 @@ import contextlib
 import copy
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch.fx import Graph, GraphModule, Node
+from torch.fx.node import map_arg
 
 from ..annotation import (
     ANNOTATION_KEY,
@@ -42,9 +43,9 @@ def copy_graph_module(model: GraphModule) -> tuple[GraphModule, dict[Node, Node]
     """
     graph = empty_graph_like(model.graph)  # same tracer class and pytree in/out specs
     node_map: dict[Node, Node] = {}
-    copied = graph.graph_copy(model.graph, node_map, return_output_node=True)
+    copied = copy_nodes(graph, model.graph, node_map)
     if copied is not None:
-        output_value, old_output = cast(tuple[Any, Node], copied)
+        output_value, old_output = copied
         new_output = graph.output(output_value, type_expr=getattr(old_output, "type", None))
         new_output.meta = copy.copy(old_output.meta)
         node_map[old_output] = new_output
@@ -62,6 +63,50 @@ def copy_graph_module(model: GraphModule) -> tuple[GraphModule, dict[Node, Node]
             elif isinstance(value, torch.Tensor):
                 set_attr_value(result, target, value.detach().clone())
     return result, node_map
+
+
+def add_node(
+    graph: Graph,
+    op: str,
+    target: Any,
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
+    name: str | None = None,
+    type_expr: Any = None,
+) -> Node:
+    """``graph.create_node(op, target, args, kwargs, name, type_expr)``: the same node at the
+    same insert point, without ``create_node``'s scan of the arguments for raw SymInt /
+    SymFloat / SymBool values. That scan is a pytree walk of every argument, there to warn
+    whoever wrote a graph by hand; the arguments given here are nodes and constants this
+    package copies from a graph or makes, and the walk was 40 % of copying a graph (issue 25).
+    The node is made without arguments, then given them through ``Node.args`` /
+    ``Node.kwargs``, which record its inputs' users as ``create_node`` does."""
+    node = graph.create_node(op, target, None, None, name, type_expr)
+    if args:
+        node.args = args
+    if kwargs:
+        node.kwargs = kwargs
+    return node
+
+
+def copy_nodes(graph: Graph, source: Graph, node_map: dict[Node, Node]) -> tuple[Any, Node] | None:
+    """``graph.graph_copy(source, node_map, return_output_node=True)``, its nodes made by
+    :func:`add_node`: every node of ``source`` up to its output that ``node_map`` does not
+    already map is copied into ``graph`` (name, op, target, type and a shallow copy of its meta;
+    its arguments mapped through ``node_map``) and recorded in ``node_map``. Returns the output
+    node's value mapped, and that node; None for a graph without an output."""
+    lookup = node_map.__getitem__
+    for node in source.nodes:
+        if node in node_map:
+            continue
+        if node.op == "output":
+            return map_arg(node.args[0], lookup), node
+        new = add_node(
+            graph, node.op, node.target, map_arg(node.args, lookup), map_arg(node.kwargs, lookup), node.name, node.type
+        )
+        new.meta.update(node.meta)  # its own dict, as copy.copy(node.meta) gives (without Node.__setattr__)
+        node_map[node] = new
+    return None
 
 
 def mutated_attrs(graph: Graph) -> set[str]:
