@@ -215,8 +215,10 @@ def is_constant(node: Node, cache: dict[Node, bool]) -> bool:
         return cache[node]
     if node.op == "get_attr":
         result = True
-    elif node.op == "call_function" and not _is_impure(node):
-        result = all(is_constant(arg, cache) for arg in node.all_input_nodes)
+    elif node.op == "call_function":
+        # inputs first: an activation's chain ends at a placeholder (False) without each node on
+        # it asked whether it is impure (torch's look-up of the op's schema, the slower test)
+        result = all(is_constant(arg, cache) for arg in node.all_input_nodes) and not _is_impure(node)
     else:
         result = False
     cache[node] = result
