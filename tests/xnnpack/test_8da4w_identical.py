@@ -91,3 +91,53 @@ def test_round_up_to_bf16_integer_path_matches_the_float_path(monkeypatch):
         assert torch.equal(blockwise.round_up_to_bf16(odd), float_path(odd))  # the float path, as before
     nan = blockwise.round_up_to_bf16(torch.tensor([float("nan"), 1.0]))
     assert bool(torch.isnan(nan[0])) and nan[1] == 1.0
+
+
+def test_round_up_to_bf16_in_place_rounds_in_the_scales_own_storage(monkeypatch):
+    """``in_place=True`` (the observer's own freshly computed scales): the same bits, in the
+    tensor given; a tensor it cannot round in place (not contiguous, not float32) and every
+    value of the float path get a new tensor, as without it."""
+    import quantweave_xnnpack._blockwise as blockwise
+
+    monkeypatch.setattr(blockwise, "_INTEGER_PATH_MIN", 1)
+    scale = torch.rand(128, 4) + 1e-3
+    expected = blockwise.round_up_to_bf16(scale)
+    given = scale.clone()
+    rounded = blockwise.round_up_to_bf16(given, in_place=True)
+    assert torch.equal(rounded.view(torch.int32), expected.view(torch.int32))
+    assert rounded.untyped_storage().data_ptr() == given.untyped_storage().data_ptr()
+    for other in (scale.t(), scale.double(), torch.tensor([0.0, 1.0])):
+        before = other.clone()
+        out = blockwise.round_up_to_bf16(other, in_place=True)
+        assert torch.equal(out, blockwise.round_up_to_bf16(before)) and torch.equal(other, before)
+        assert out.untyped_storage().data_ptr() != other.untyped_storage().data_ptr()
+
+
+def test_bf16_observer_rounds_its_own_scales_in_place_only():
+    """The observer's scales come out the same and its min / max stay as they were. Where a
+    class between it and PerGroupMinMaxObserver returns a scale tensor it holds, that tensor is
+    not rounded in place."""
+    from quantweave.observers import PerGroupMinMaxObserver
+    from quantweave_xnnpack._blockwise import BF16ScalePerGroupMinMaxObserver, round_up_to_bf16
+
+    weight = torch.randn(1024, 128)  # 4096 scales: the integer path (_INTEGER_PATH_MIN)
+    observer = BF16ScalePerGroupMinMaxObserver(group_size=32, quant_min=-8, quant_max=7, eps=2**-12)
+    observer(weight)
+    low, high = observer.min_val.clone(), observer.max_val.clone()
+    scale, _ = observer.calculate_qparams()
+    plain, _ = PerGroupMinMaxObserver.calculate_qparams(observer)
+    assert torch.equal(scale, round_up_to_bf16(plain))
+    assert torch.equal(observer.min_val, low) and torch.equal(observer.max_val, high)
+
+    class HoldsScale(PerGroupMinMaxObserver):
+        def calculate_qparams(self):
+            self.held, zero_point = super().calculate_qparams()
+            return self.held, zero_point
+
+    class Holding(BF16ScalePerGroupMinMaxObserver, HoldsScale):
+        pass
+
+    holding = Holding(group_size=32, quant_min=-8, quant_max=7, eps=2**-12)
+    holding(weight)
+    scale, _ = holding.calculate_qparams()
+    assert torch.equal(scale, round_up_to_bf16(plain)) and torch.equal(holding.held, plain)

@@ -60,8 +60,11 @@ GROUP_MULTIPLE = 32
 _INTEGER_PATH_MIN = 4096
 
 
-def round_up_to_bf16(scale: torch.Tensor) -> torch.Tensor:
-    """``scale`` (positive, finite) rounded up to bfloat16 values, returned as float32."""
+def round_up_to_bf16(scale: torch.Tensor, *, in_place: bool = False) -> torch.Tensor:
+    """``scale`` (positive, finite) rounded up to bfloat16 values, returned as float32.
+    ``in_place``: a float32 ``scale`` no one else holds (just computed) may be rounded in its own
+    storage and returned (no new tensor of its size)."""
+    in_place = in_place and scale.dtype == torch.float32 and scale.is_contiguous()
     scale = scale.detach().to(torch.float32)
     if scale.numel() >= _INTEGER_PATH_MIN and scale.device.type == "cpu":
         low, high = torch.aminmax(scale.reshape(-1))
@@ -71,6 +74,8 @@ def round_up_to_bf16(scale: torch.Tensor) -> torch.Tensor:
             # >= scale clears the low bits after adding 0xFFFF (the values of the general path
             # below, in two integer passes instead of seven)
             bits = scale.contiguous().view(torch.int32)
+            if in_place:
+                return bits.add_(0xFFFF).bitwise_and_(-0x10000).view(torch.float32)
             return torch.add(bits, 0xFFFF).bitwise_and_(-0x10000).view(torch.float32)  # one new tensor
     rounded = scale.to(torch.bfloat16)
     below = rounded.to(torch.float32) < scale
@@ -84,7 +89,9 @@ class BF16ScalePerGroupMinMaxObserver(PerGroupMinMaxObserver):
 
     def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
         scale, zero_point = super().calculate_qparams()
-        return round_up_to_bf16(scale), zero_point
+        # PerGroupMinMaxObserver's calculation returns a scale tensor of its own: rounded in place
+        # (a class between may return one it holds: rounded into a new tensor)
+        return round_up_to_bf16(scale, in_place=type(self) is BF16ScalePerGroupMinMaxObserver), zero_point
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, scales bfloat16"
