@@ -122,7 +122,6 @@ class _Translator:
         self.label = label
         self.memo: dict[int, Any] = {}
         self.keep: list[Any] = []  # keeps translated objects alive, so ids in memo stay unique
-        self.floats = False  # whether a spec was translated to _FLOAT
 
     def spec(self, spec: Any, node: Node, producer: Any = _OUTPUT) -> Any:
         """quantweave's spec for ``spec`` (or _FLOAT: a float spec, left float), on the edge
@@ -151,7 +150,6 @@ class _Translator:
             ) from exc
         self.memo[id(spec)] = translated
         self.keep.append(spec)
-        self.floats = self.floats or translated is _FLOAT
         return translated
 
     @staticmethod
@@ -294,8 +292,7 @@ def translate_annotations(graph: Graph, label: Callable[[Node], str]) -> int:
             hosted.add(node)
             replaced += 1
         annotated.append((node, translated))
-    if translator.floats:  # only a translated spec is ever left float
-        annotated = _resolve_float(graph, annotated)
+    annotated = _resolve_float(graph, annotated)
     _drop_non_inputs(graph, label, hosted, annotated)
     return replaced
 
