@@ -28,7 +28,7 @@ program ``to_edge_transform_and_lower`` takes (anchor: ``quantize_`` + ``torch.e
 timed. Each is measured ``--repeats`` times, interleaved, median reported, after ``--warmup``
 interleaved rounds left out of the medians: the anchor's first calls in a process page in
 16,000-24,000 fresh pages each (its temporaries), its later ones reuse the heap's pages and take
-a third of the time, so without the warm-up the "warm" figure is the anchor's first calls.
+less than half the time, so without the warm-up the "warm" figure is the anchor's first calls.
 Runtime latency: the full forward of a 64-token window on the ExecuTorch runtime, interleaved
 rounds, median call; then again with the runtime's thread pool at one thread (on a 2-core
 machine the default pool's times swing between two levels). Also:
@@ -40,6 +40,8 @@ process, where the in-process repeats above measure warm calls. Each side is tim
 first quantize in a fresh process (imports done before the timed window on both sides: torchao's
 ``quantize_`` and configs; our quantizer class and the ``quantized_decomposed`` op library,
 which convert otherwise loads on first use), K processes per side, alternating, median reported.
+Each of those processes then quantizes the same float model again, the first result kept: the
+"second call".
 
 Quantize time at LLM size (``--llm-sizes``, default ``0.35,0.7,1.4``; ``--llm-shots K``
 processes per side and size, default 3, 0 to skip): the same one-shot measurement on the models
@@ -229,7 +231,7 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=32)
     parser.add_argument("--iters", type=int, default=100, help="timed runtime calls per program")
     parser.add_argument("--repeats", type=int, default=3, help="timed quantize runs per path (interleaved)")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed quantize rounds per path before them")
+    parser.add_argument("--warmup", type=int, default=5, help="rounds per path before them, not in the medians")
     parser.add_argument("--one-shot", type=int, default=5, help="fresh processes per side for the one-shot time")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--llm-sizes", default="0.35,0.7,1.4", help="bench_llm_memory model sizes (GB of fp32)")
@@ -241,9 +243,10 @@ def main() -> None:
         print(json.dumps(one_shot(args.child, 4096 if args.quick else 32000, args.group_size, args.child_size)))
         return
 
-    # the fresh processes first, while this one holds little memory: on the 2-core VM of sessions 9-12
-    # the page faults of a process quantizing a 1.4 GB model took 2-3x longer on both sides, and varied
-    # from process to process, while its parent held 1-2 GB (this one holds 1.07 GB after the rest)
+    # the fresh processes first, while this one holds little memory: on the 2-core VM of sessions 9-12,
+    # fresh pages cost ~8x more once the processes hold over ~3 GiB together, and a process quantizing
+    # the 1.4 GB model took up to 3x longer on both sides, varying from process to process, while its
+    # parent held 1-2 GB (this one holds 1.07 GB after the rest: docs/benchmarks.md, session 12)
     vocab = 4096 if args.quick else 32000
     shots = one_shot_runs(args.one_shot, vocab, args.group_size) if args.one_shot > 0 else None
     sizes = [size for size in args.llm_sizes.split(",") if size] if args.llm_shots > 0 and not args.quick else []
