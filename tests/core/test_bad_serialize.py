@@ -7,9 +7,12 @@ reads; a failed save leaves the target as it was and no temporary file behind).
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import io
 import json
 import os
+import pickle
 import stat
 import zipfile
 from pathlib import Path
@@ -211,3 +214,24 @@ def test_a_saved_file_gets_the_usual_mode(tmp_path: Path, models: tuple) -> None
     path = qw.save(models[1], EXAMPLE, tmp_path / "model.pt2")
     assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask  # a new file's mode, not the temporary's 0600
     assert [p.name for p in tmp_path.iterdir()] == ["model.pt2"]
+
+
+@pytest.mark.parametrize("which", ["prepared", "converted"])
+@pytest.mark.parametrize("how", ["pickle", "torch.save", "a deep copy, pickled"])
+def test_pickling_a_prepared_or_converted_model_says_what_to_use(models: tuple, which: str, how: str) -> None:
+    """torch.export's modules cannot be pickled, nor can ours: a TypeError at once that names
+    quantweave.save / load (a converted model failed with RecursionError, a prepared one on a
+    weakref, naming neither); the model keeps working, and deep copies still work."""
+    model = models[0] if which == "prepared" else models[1]
+    expected = model(*EXAMPLE)
+    with pytest.raises(TypeError) as info:
+        if how == "pickle":
+            pickle.dumps(model)
+        elif how == "torch.save":
+            torch.save(model, io.BytesIO())
+        else:
+            pickle.dumps(copy.deepcopy(model))
+    assert_names(info, "cannot pickle", "quantweave.convert_pt2e", "quantweave.save(model, example_inputs, path)")
+    assert_names(info, "quantweave.load(path)", "torch.save")
+    assert torch.equal(model(*EXAMPLE), expected)
+    assert torch.equal(copy.deepcopy(model)(*EXAMPLE), expected)

@@ -8,6 +8,7 @@ needs; on a torch that changed it, the failure names the API and the shim to ada
 from __future__ import annotations
 
 import inspect
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -210,6 +211,8 @@ def test_deferred_graph_module_is_eager_when_the_signature_is_not_known():
         copied.graph.placeholder("extra")
     module = torch_compat.deferred_graph_module(copied, copied.graph, exported)
     assert "_code" in vars(module)  # other placeholders than the source's: compiled at once
+    with pytest.raises(TypeError, match=r"quantweave\.save"):  # refuses pickling as the deferred ones do
+        pickle.dumps(module)
 
 
 # -- 4. observers and with_observer_kwargs ---------------------------------------------------------

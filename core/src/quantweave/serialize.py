@@ -2,8 +2,9 @@
 
 A ``convert_pt2e`` result is a ``torch.fx.GraphModule`` produced from ``torch.export``'s
 module: ``torch.export.save`` wants an ``ExportedProgram`` and ``torch.save`` cannot pickle
-it. :func:`save` re-exports it (``torch.export.export(converted, example_inputs)``) and
-writes the standard ``.pt2`` archive of ``torch.export.save``; :func:`load` reads it back
+it (it raises a TypeError that points here). :func:`save` re-exports it
+(``torch.export.export(converted, example_inputs)``) and writes the standard ``.pt2``
+archive of ``torch.export.save``; :func:`load` reads it back
 (``torch.export.load(path).module()``). The folded int8 weights stay int8 in the file (a
 converted model's file is about a quarter of the float one's), and the loaded model's
 outputs are bit-identical to the saved model's on the same inputs. Each weight is written

@@ -68,6 +68,7 @@ from torch.ao.quantization.observer import (
 from torch.fx import Graph, GraphModule
 
 from .graph_module_attrs import construct
+from .pickling import RefusesPickling
 
 __all__ = [
     "FakeQuantize",
@@ -164,16 +165,17 @@ def deferred_graph_module(root: GraphModule, graph: Graph, signature_from: torch
     - ``_in_spec`` / ``_out_spec`` are set at once (an eager GraphModule sets them on compile);
     - ``recompile()`` after an edit generates the code at once and returns it, as GraphModule's.
 
-    Eager (``GraphModule``) when that signature cannot be vouched for (another code generator
-    or other placeholders than ``signature_from``'s graph, no signature) or torch no longer has
-    ``_LazyGraphModule``."""
+    Eager (a ``GraphModule``) when that signature cannot be vouched for (another code
+    generator or other placeholders than ``signature_from``'s graph, no signature) or torch no
+    longer has ``_LazyGraphModule``. Either way pickling it raises a TypeError that says what
+    to use instead (``pickling.RefusesPickling``)."""
     try:
         from torch.fx._lazy_graph_module import _LazyGraphModule
     except ImportError:  # pragma: no cover - a torch without it: compile eagerly
-        return GraphModule(root, graph)
+        return _eager_class()(root, graph)
     signature = _forward_signature(graph, signature_from)
     if signature is None:
-        return GraphModule(root, graph)
+        return _eager_class()(root, graph)
     cls = _deferred_class(_LazyGraphModule)
     _DEFERRING.active = True
     try:
@@ -219,7 +221,7 @@ def _forward_signature(graph: Graph, source: torch.nn.Module) -> Any:
 
 @functools.cache
 def _deferred_class(base: type) -> type:
-    class DeferredGraphModule(base):
+    class DeferredGraphModule(RefusesPickling, base):
         """See :func:`deferred_graph_module`."""
 
         def recompile(self) -> Any:
@@ -230,6 +232,15 @@ def _deferred_class(base: type) -> type:
 
     DeferredGraphModule.__module__ = __name__
     return DeferredGraphModule
+
+
+@functools.cache
+def _eager_class() -> type:
+    class EagerGraphModule(RefusesPickling, GraphModule):
+        """A GraphModule :func:`deferred_graph_module` returns eagerly (it refuses pickling too)."""
+
+    EagerGraphModule.__module__ = __name__
+    return EagerGraphModule
 
 
 def fake_value(graph: Graph, tensor: torch.Tensor) -> Any:
