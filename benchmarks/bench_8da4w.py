@@ -135,23 +135,17 @@ def one_shot(side: str, vocab: int, group_size: int, size: str | None = None) ->
     torch.set_num_threads(2)
     qe.ExecuTorchQuantizer  # noqa: B018  (the lazily imported class, loaded before the window)
     quantweave.convert.QUANTIZE_OPS  # noqa: B018  (loads the quantized_decomposed ops convert emits)
-    if size is None:
-
-        def build() -> torch.nn.Module:
-            return tiny_decoder_lm(vocab=vocab)
-
-        model = build()
-        window = (lm_prompts(model, 1),)
-    else:
+    config: dict[str, Any] = {"vocab": vocab}
+    seq = None  # the model's own window
+    if size is not None:
         from bench_llm_memory import DIM, HEADS, LAYERS, SEQ, VOCAB
 
-        def build() -> torch.nn.Module:
-            return tiny_decoder_lm(vocab=VOCAB, dim=DIM, layers=LAYERS[size], heads=HEADS, max_seq=SEQ)
-
-        model = build()
-        window = (lm_prompts(model, 1, seq=16),)
+        config = {"vocab": VOCAB, "dim": DIM, "layers": LAYERS[size], "heads": HEADS, "max_seq": SEQ}
+        seq = 16
         # torch.export's own first-use imports, before either side's window (as bench_llm_memory)
         torch.export.export(torch.nn.Linear(2, 2), (torch.randn(1, 2),))
+    model = tiny_decoder_lm(**config)
+    window = (lm_prompts(model, 1, seq=seq),)
     times: dict[str, float] = {"export_before_s": 0.0}
     if side == "anchor":
         quantized, times["quantize_s"], _ = quantize_anchor(model, group_size, copy_first=False)
@@ -164,7 +158,7 @@ def one_shot(side: str, vocab: int, group_size: int, size: str | None = None) ->
     torch.export.export(quantized, window)
     times["export_after_s"] = time.perf_counter() - start
     if side == "anchor":
-        _, times["second_quantize_s"], _ = quantize_anchor(build(), group_size, copy_first=False)
+        _, times["second_quantize_s"], _ = quantize_anchor(tiny_decoder_lm(**config), group_size, copy_first=False)
     else:
         _, times["second_quantize_s"], _ = quantize_exported(torch.export.export(model, window).module(), group_size)
     return times
